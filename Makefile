@@ -1,0 +1,45 @@
+# kvcheck: every target creates and reuses .venv, so a fresh machine needs only python3 and make.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.kvcheck-installed
+SECONDS ?= 60
+SEED ?=
+TRACE ?=
+
+.PHONY: venv check test fuzz replay explore prove selftest bench sglang-env check-sglang clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e .
+	touch $(STAMP)
+
+check: $(STAMP)
+	$(VENV)/bin/kvcheck check
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+fuzz: $(STAMP)
+	$(VENV)/bin/kvcheck fuzz --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
+
+replay: $(STAMP)
+	@test -n "$(TRACE)" || (echo "usage: make replay TRACE=path/to/trace.json" >&2; exit 2)
+	$(VENV)/bin/kvcheck replay $(TRACE)
+
+explore: $(STAMP)
+	$(VENV)/bin/kvcheck explore
+
+prove: $(STAMP)
+	$(VENV)/bin/kvcheck prove
+
+selftest: $(STAMP)
+	$(VENV)/bin/kvcheck selftest
+
+clean:
+	rm -rf $(VENV) .hypothesis .pytest_cache failures

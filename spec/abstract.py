@@ -1,0 +1,192 @@
+"""The abstract state: what every system under test is mapped onto, after every step.
+
+The spec produces it from its own state; an adapter produces it from a concrete
+system (impl/ tensors, a real sglang release). The invariants (spec/invariants.py)
+are evaluated on it, on both sides, and `canonical()` renames page and row ids so that
+two systems that allocate different ids compare equal when they own the same things.
+
+Plain data only: ints, tuples, strings, None. Page ids are the system's own page ids
+(KV index // page_size); row ids are `req_pool_idx` values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+# Lock anchors: ("root",), ("node", key_path), ("virtual", sid), or None (no last_node).
+Anchor = Optional[tuple]
+
+PHASES = ("queued", "prefill", "decode")
+"""A request's scheduler phase: waiting queue; between prefill chunks; decoding.
+Finished requests leave the state."""
+
+
+@dataclass(frozen=True)
+class NodeView:
+    path: tuple            # the full key from the root (token ids); identity of the node
+    parent: tuple          # the parent's path (() for a child of the root)
+    pages: tuple           # page ids of this node's own key segment, len(key) // P of them
+    lock_ref: int
+
+
+@dataclass(frozen=True)
+class ReqView:
+    rid: int
+    session: Optional[int]      # attached session id (req.session), None when plain/detached
+    streaming: bool             # created for a streaming session (create_req)
+    rejected: bool              # a create_req rejection stub
+    phase: str
+    fill_ids: tuple             # origin_input_ids + output_ids
+    origin_len: int
+    max_new_tokens: int
+    row: Optional[int]          # req_pool_idx
+    committed: int              # kv_committed_len
+    allocated: int              # kv_allocated_len
+    protected: int              # cache_protected_len
+    anchor: Anchor              # last_node
+    locked: bool                # holds a persistent lock_ref through `anchor`
+    to_finish: bool
+    is_retracted: bool
+    committed_freed: bool
+    overallocated_freed: bool
+    row_pages: tuple = ()       # page id of each row-page [0, ceil(allocated / P)) (None: unset)
+
+
+@dataclass(frozen=True)
+class SlotView:
+    sid: int
+    row: Optional[int]
+    committed: int
+    allocated: int
+    protected: int
+    last_node: Anchor
+    row_pages: tuple = ()
+
+
+@dataclass(frozen=True)
+class SessionView:
+    sid: int
+    inflight: bool              # Session._inflight
+    checkpoint: tuple           # tokens the next turn builds on (last successful turn)
+    close_pending: bool         # close_on_finish
+
+
+@dataclass(frozen=True)
+class AbstractState:
+    page_size: int
+    num_pages: int
+    num_rows: int
+    free_pages: tuple           # multiset (sorted) of page ids in the allocator's free lists
+    free_rows: tuple            # multiset (sorted) of free row ids
+    nodes: tuple                # NodeView, sorted by path; root excluded
+    reqs: tuple                 # ReqView, sorted by rid
+    slots: tuple                # SlotView, sorted by sid
+    sessions: tuple             # SessionView, sorted by sid
+    evictable_size: int         # as the tree reports it
+    protected_size: int
+    content: tuple = ()         # (page id, tuple of P token ids or None) for owned pages
+
+    def content_map(self) -> dict:
+        return dict(self.content)
+
+
+# ---------------------------------------------------------------------------
+# canonical renaming
+# ---------------------------------------------------------------------------
+
+def canonical(s: AbstractState) -> AbstractState:
+    """Rename page and row ids by first appearance in a fixed traversal (tree nodes by
+    path, then requests by rid, then slots by sid), so that two systems that own the same
+    things through different ids compare equal. Free pages that nothing else names are
+    interchangeable and become the label 0 (a multiset count remains); a free page that
+    is also owned keeps its owner's label, so aliasing survives renaming."""
+    pages: dict = {}
+    rows: dict = {}
+
+    def pl(p):
+        if p is None:
+            return None
+        if p not in pages:
+            pages[p] = len(pages) + 1
+        return pages[p]
+
+    def rl(r):
+        if r is None:
+            return None
+        if r not in rows:
+            rows[r] = len(rows)
+        return rows[r]
+
+    nodes = tuple(replace(n, pages=tuple(pl(p) for p in n.pages)) for n in s.nodes)
+    reqs = tuple(replace(r, row=rl(r.row), row_pages=tuple(pl(p) for p in r.row_pages)) for r in s.reqs)
+    slots = tuple(replace(t, row=rl(t.row), row_pages=tuple(pl(p) for p in t.row_pages)) for t in s.slots)
+    free_pages = tuple(sorted(pages.get(p, 0) for p in s.free_pages))
+    free_rows = tuple(sorted(rows.get(r, -1) for r in s.free_rows))
+    content = tuple(sorted((pages[p], c) for p, c in s.content if p in pages))
+    return replace(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
+                   slots=slots, content=content)
+
+
+def diff(a: AbstractState, b: AbstractState, left: str = "spec", right: str = "impl") -> list[str]:
+    """Human-readable differences between two (canonical) abstract states."""
+    out: list[str] = []
+    for fname in ("free_pages", "free_rows", "evictable_size", "protected_size"):
+        va, vb = getattr(a, fname), getattr(b, fname)
+        if va != vb:
+            if fname == "free_pages":
+                out.append(f"free pages: {left} has {len(va)} {_short(va)}, {right} has {len(vb)} {_short(vb)}")
+            else:
+                out.append(f"{fname}: {left}={va!r} {right}={vb!r}")
+    for kind, key in (("nodes", "path"), ("reqs", "rid"), ("slots", "sid"), ("sessions", "sid")):
+        da = {getattr(x, key): x for x in getattr(a, kind)}
+        db = {getattr(x, key): x for x in getattr(b, kind)}
+        for k in sorted(set(da) | set(db), key=repr):
+            xa, xb = da.get(k), db.get(k)
+            label = f"{kind[:-1]} {key}={_short(k)}"
+            if xa is None:
+                out.append(f"{label}: only in {right}: {xb}")
+            elif xb is None:
+                out.append(f"{label}: only in {left}: {xa}")
+            elif xa != xb:
+                for f in xa.__dataclass_fields__:
+                    fa, fb = getattr(xa, f), getattr(xb, f)
+                    if fa != fb:
+                        out.append(f"{label}: {f}: {left}={_short(fa)} {right}={_short(fb)}")
+    if a.content != b.content:
+        ca, cb = a.content_map(), b.content_map()
+        for p in sorted(set(ca) | set(cb)):
+            if ca.get(p) != cb.get(p):
+                out.append(f"kv content of page #{p}: {left}={ca.get(p)} {right}={cb.get(p)}")
+    return out
+
+
+def _short(v, limit: int = 60) -> str:
+    s = repr(v)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def build_content(page_size: int, nodes, reqs, slots, read) -> tuple:
+    """The KV content that some owner vouches for, per page: every position of a tree
+    node's pages, and row positions `[0, committed)` of each request and slot.
+    `read(page, offset)` returns the token id whose KV the system stored there (None if
+    unwritten). Used by every producer of an AbstractState, so both sides of a
+    comparison look at exactly the same positions."""
+    valid: dict = {}
+
+    def claim(page, offset):
+        if page is None:
+            return
+        valid.setdefault(page, set()).add(offset)
+
+    for n in nodes:
+        for p in n.pages:
+            for o in range(page_size):
+                claim(p, o)
+    for holder in (*reqs, *slots):
+        for i in range(min(holder.committed, len(holder.row_pages) * page_size)):
+            claim(holder.row_pages[i // page_size], i % page_size)
+    out = []
+    for p in sorted(valid):
+        offs = valid[p]
+        out.append((p, tuple(read(p, o) if o in offs else None for o in range(page_size))))
+    return tuple(out)

@@ -1,0 +1,198 @@
+"""The operation vocabulary: one set of frozen dataclasses that every driver speaks.
+
+The Hypothesis machines, the explorer, the z3 counterexample printer, trace replay,
+the impl/ adapter and the upstream adapters all apply exactly these operations, in
+scheduler granularity (DOMAIN.md section 2). Each op serialises to a JSON object
+`{"op": <name>, ...fields}` and back.
+
+Request ids (`rid`) and session ids (`sid`) are chosen by the trace; page and row ids
+are not part of the vocabulary (they are the system's own and compared up to renaming).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import ClassVar
+
+
+class OpError(ValueError):
+    """A malformed operation in a trace."""
+
+
+@dataclass(frozen=True)
+class Op:
+    name: ClassVar[str] = "op"
+
+    def to_json(self) -> dict:
+        out = {"op": self.name}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
+        return f"{self.name}({args})"
+
+
+@dataclass(frozen=True)
+class OpenSession(Op):
+    """`SessionController.open`: a streaming session; no KV is touched."""
+    name: ClassVar[str] = "open_session"
+    sid: int
+
+
+@dataclass(frozen=True)
+class SubmitTurn(Op):
+    """`Session.create_req`: the next turn = checkpoint tokens + new_tokens.
+    Rejected (an aborted 1-token stub with `to_finish` set) while a turn is in flight."""
+    name: ClassVar[str] = "submit_turn"
+    sid: int
+    rid: int
+    new_tokens: tuple
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class SubmitRequest(Op):
+    """A plain non-session request (shares the radix tree with sessions)."""
+    name: ClassVar[str] = "submit_request"
+    rid: int
+    tokens: tuple
+    max_new_tokens: int
+
+
+@dataclass(frozen=True)
+class Schedule(Op):
+    """Match prefix, admit (persistent lock), `alloc_for_extend` of the first chunk.
+    `admit=False`: the match runs, the admission is rejected (budget); a later
+    Schedule retries. The model also rejects when rows or KV do not suffice."""
+    name: ClassVar[str] = "schedule"
+    rid: int
+    admit: bool = True
+
+
+@dataclass(frozen=True)
+class PrefillChunk(Op):
+    """The next chunk of a chunked prefill (`cache_unfinished_req(chunked=True)` first)."""
+    name: ClassVar[str] = "prefill_chunk"
+    rid: int
+
+
+@dataclass(frozen=True)
+class Decode(Op):
+    """One decode step: `alloc_for_decode` for the last sampled token, sample `token`."""
+    name: ClassVar[str] = "decode"
+    rid: int
+    token: int = 1
+
+
+@dataclass(frozen=True)
+class SpecDecode(Op):
+    """A speculative step: over-allocate for `drafts`, accept `accepted` (+1 bonus)."""
+    name: ClassVar[str] = "spec_decode"
+    rid: int
+    drafts: int
+    accepted: int
+    token: int = 1
+
+
+@dataclass(frozen=True)
+class Finish(Op):
+    """Normal finish (length or stop): `release_kv_cache`."""
+    name: ClassVar[str] = "finish"
+    rid: int
+
+
+@dataclass(frozen=True)
+class AbortQueued(Op):
+    """Abort a request still in the waiting queue (popped, never running now)."""
+    name: ClassVar[str] = "abort_queued"
+    rid: int
+
+
+@dataclass(frozen=True)
+class PreAbort(Op):
+    """Set `to_finish = FINISH_ABORT` on a queued request before it is matched."""
+    name: ClassVar[str] = "pre_abort"
+    rid: int
+
+
+@dataclass(frozen=True)
+class AbortRunning(Op):
+    """Mid-abort: `FINISH_ABORT` on a running request (prefill or decode), then release."""
+    name: ClassVar[str] = "abort_running"
+    rid: int
+
+
+@dataclass(frozen=True)
+class Retract(Op):
+    """Retract a decoding request under memory pressure (`release_req`,
+    `reset_for_retract`); it goes back to the waiting queue for a retry."""
+    name: ClassVar[str] = "retract"
+    rid: int
+
+
+@dataclass(frozen=True)
+class CloseSession(Op):
+    """`SessionController._close`: deferred while a turn is in flight."""
+    name: ClassVar[str] = "close_session"
+    sid: int
+
+
+@dataclass(frozen=True)
+class Evict(Op):
+    """`tree_cache.evict(EvictParams(num_tokens))`."""
+    name: ClassVar[str] = "evict"
+    num_tokens: int
+
+
+OP_TYPES: dict[str, type[Op]] = {
+    cls.name: cls
+    for cls in (OpenSession, SubmitTurn, SubmitRequest, Schedule, PrefillChunk, Decode,
+                SpecDecode, Finish, AbortQueued, PreAbort, AbortRunning, Retract,
+                CloseSession, Evict)
+}
+OP_NAMES = tuple(OP_TYPES)
+
+
+def op_from_json(data: dict) -> Op:
+    """Parse one operation; every error names the operation and the field."""
+    if not isinstance(data, dict):
+        raise OpError(f"an operation must be a JSON object, got {data!r}")
+    name = data.get("op")
+    if name not in OP_TYPES:
+        raise OpError(f"unknown operation {name!r}; known: {', '.join(OP_NAMES)}")
+    cls = OP_TYPES[name]
+    kwargs = {}
+    declared = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(data) - set(declared) - {"op"})
+    if unknown:
+        raise OpError(f"{name}: unknown field(s) {unknown}")
+    for fname, f in declared.items():
+        if fname not in data:
+            if f.default is f.default_factory:  # no default: required (both MISSING)
+                raise OpError(f"{name}: missing field {fname!r}")
+            continue
+        v = data[fname]
+        if fname in ("new_tokens", "tokens"):
+            if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+                raise OpError(f"{name}.{fname} must be a list of integers, got {v!r}")
+            v = tuple(v)
+        elif fname == "admit":
+            if not isinstance(v, bool):
+                raise OpError(f"{name}.admit must be true or false, got {v!r}")
+        else:
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise OpError(f"{name}.{fname} must be an integer, got {v!r}")
+            if v < 0:
+                raise OpError(f"{name}.{fname} must be >= 0, got {v}")
+        kwargs[fname] = v
+    return cls(**kwargs)
+
+
+OUTCOMES = ("ok", "rejected", "oom", "deferred", "stub")
+"""What applying an enabled op reports; spec and system under test must agree.
+ok: done. rejected: `schedule` admission refused (match ran). oom: `decode`,
+`spec_decode` or `prefill_chunk` found no KV after eviction (nothing changed).
+deferred: `close_session` while a turn is in flight. stub: `submit_turn` rejected by
+`create_req` (an aborted stub is queued)."""
