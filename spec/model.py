@@ -1,0 +1,765 @@
+"""The reference model: each operation is a guard (`enabled`) and an effect (`step`).
+
+Follows DOMAIN.md section 2 and the seed (`streaming_session.py` of sglang 0.5.15) step
+for step, with upstream's names; docs/semantics.md states the same in prose. The model
+takes the fixed behaviour of the hazards H3, H4 and H5 (marked `FIX(Hn)`), so a system
+that shows the upstream behaviour is reported as a violation.
+
+`step(state, op)` clones the state and returns `(new_state, outcome)`; it never mutates
+its argument. The helpers below mutate the clone they are given and are private to the
+step that called them.
+"""
+from __future__ import annotations
+
+import bisect
+
+from spec import ops as O
+from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
+                        pages_needed_extend, restore_prefix_len, row_pages)
+from spec.state import ROOT, Node, Req, Session, Slot, State, initial_state
+
+__all__ = ["initial_state", "enabled", "step", "ModelError", "SAMPLED_TOKEN"]
+
+SAMPLED_TOKEN = 1
+"""The token the prefill forward samples (the first output token)."""
+
+
+class ModelError(AssertionError):
+    """An assertion of upstream code that the model itself reached (names it)."""
+
+
+# ---------------------------------------------------------------------------
+# allocator (TokenToKVPoolAllocator / PagedTokenToKVPoolAllocator)
+# ---------------------------------------------------------------------------
+
+def available_size(s: State) -> int:
+    return len(s.free_pages) * s.cfg.page_size
+
+
+def _alloc_pages(s: State, n: int):
+    """`alloc`: the n lowest free pages, or None (nothing changes) on shortage."""
+    if n > len(s.free_pages):
+        return None
+    taken, s.free_pages = s.free_pages[:n], s.free_pages[n:]
+    for p in taken:
+        s.content[p] = (None,) * s.cfg.page_size
+    return taken
+
+
+def _free_pages(s: State, pages) -> None:
+    """`free`: unique pages of one call return to the free list (a second call on the
+    same page frees it again: the multiset shows it)."""
+    for p in sorted(set(pages)):
+        if p is None:
+            raise ModelError("free of a row position that holds no KV index")
+        bisect.insort(s.free_pages, p)
+        s.content.pop(p, None)
+
+
+def _free_row_range(s: State, row: int, start: int, end: int) -> None:
+    """`free(req_to_token[row, start:end])`: frees every page the range touches."""
+    r = s.rows[row]
+    _free_pages(s, [r[k] for k in row_pages(start, end, s.cfg.page_size)])
+
+
+def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
+    """The forward writes the KV of tokens[i] at row position i, for i in [start, end)."""
+    P = s.cfg.page_size
+    r = s.rows[row]
+    for i in range(start, end):
+        p = r[i // P]
+        c = list(s.content[p])
+        c[i % P] = tokens[i]
+        s.content[p] = tuple(c)
+
+
+def _alloc_extend(s: State, row: int, prefix: int, end: int) -> bool:
+    """`alloc_for_extend` for one request: evict first, then P=1 `alloc(n)` or P>1
+    `alloc_extend` (continue the partial last page, then new pages); fill the row."""
+    P = s.cfg.page_size
+    n = end - prefix
+    if P == 1:
+        evict_from_tree_cache(s, n)
+        pages = _alloc_pages(s, n)
+        if pages is None:
+            return False
+        s.rows[row][prefix:end] = pages
+        return True
+    evict_from_tree_cache(s, n + P)
+    pages = _alloc_pages(s, pages_needed_extend(prefix, end, P))
+    if pages is None:
+        return False
+    first_new = ceil_div(prefix, P)
+    s.rows[row][first_new:first_new + len(pages)] = pages
+    return True
+
+
+def _alloc_decode(s: State, row: int, pos: int) -> bool:
+    """`alloc_for_decode` for row position pos: a new page iff pos % P == 0."""
+    P = s.cfg.page_size
+    evict_from_tree_cache(s, P)
+    if pos % P:
+        return True                     # last_loc + 1, in the page already held
+    pages = _alloc_pages(s, 1)
+    if pages is None:
+        return False
+    s.rows[row][pos // P] = pages[0]
+    return True
+
+
+# ---------------------------------------------------------------------------
+# radix tree (RadixCache)
+# ---------------------------------------------------------------------------
+
+def node_path(s: State, nid: int) -> tuple:
+    """The node's full key from the root: its identity across splits."""
+    parts = []
+    while nid != ROOT:
+        n = s.nodes[nid]
+        parts.append(n.key)
+        nid = n.parent
+    return tuple(t for part in reversed(parts) for t in part)
+
+
+def _page_key(s: State, key: tuple, i: int) -> tuple:
+    P = s.cfg.page_size
+    return key[i:i + P]
+
+
+def _match_len(s: State, a: tuple, b: tuple) -> int:
+    """`_key_match_paged`: length of the common prefix, in whole pages."""
+    P = s.cfg.page_size
+    n = 0
+    while n + P <= min(len(a), len(b)) and a[n:n + P] == b[n:n + P]:
+        n += P
+    return n
+
+
+def _split_node(s: State, child_id: int, split: int) -> int:
+    """`_split_node`: a new parent takes child.key[:split]; it copies child.lock_ref."""
+    P = s.cfg.page_size
+    child = s.nodes[child_id]
+    new = Node(s.next_node_id, child.key[:split], child.pages[:split // P], child.parent,
+               {}, child.lock_ref, child.tick)
+    s.next_node_id += 1
+    s.nodes[new.id] = new
+    parent = s.nodes[child.parent]
+    parent.children[_page_key(s, child.key, 0)] = new.id
+    child.key = child.key[split:]
+    child.pages = child.pages[split // P:]
+    child.parent = new.id
+    new.children[_page_key(s, child.key, 0)] = child_id
+    return new.id
+
+
+def match_prefix(s: State, key: tuple) -> tuple[int, list]:
+    """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
+    returns (last node id, matched page ids). Takes no lock."""
+    P = s.cfg.page_size
+    key = key[:floor_align(len(key), P)]
+    s.tick += 1
+    nid, pages, i = ROOT, [], 0
+    while i < len(key):
+        cid = s.nodes[nid].children.get(_page_key(s, key, i))
+        if cid is None:
+            break
+        child = s.nodes[cid]
+        m = _match_len(s, child.key, key[i:])
+        if m < len(child.key):
+            cid = _split_node(s, cid, m)
+            child = s.nodes[cid]
+        child.tick = s.tick
+        pages.extend(child.pages)
+        i += m
+        nid = cid
+    return nid, pages
+
+
+def insert(s: State, key: tuple, pages: list) -> int:
+    """`RadixCache.insert`: returns how much already existed; the new suffix becomes a
+    fresh leaf (evictable). The caller frees its duplicates of the existing part."""
+    P = s.cfg.page_size
+    s.tick += 1
+    nid, i = ROOT, 0
+    while i < len(key):
+        cid = s.nodes[nid].children.get(_page_key(s, key, i))
+        if cid is None:
+            break
+        child = s.nodes[cid]
+        m = _match_len(s, child.key, key[i:])
+        if m < len(child.key):
+            cid = _split_node(s, cid, m)
+            child = s.nodes[cid]
+        child.tick = s.tick
+        i += m
+        nid = cid
+    if i < len(key):
+        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0, s.tick)
+        s.next_node_id += 1
+        s.nodes[leaf.id] = leaf
+        s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
+        s.evictable_size += len(leaf.key)
+    return i
+
+
+def inc_lock_ref(s: State, anchor) -> None:
+    """`inc_lock_ref`: no-op for the root and a virtual node; else up the path."""
+    if anchor is None or anchor[0] != "node":
+        return
+    nid = anchor[1]
+    while nid != ROOT:
+        n = s.nodes[nid]
+        if n.lock_ref == 0:
+            s.evictable_size -= len(n.key)
+            s.protected_size += len(n.key)
+        n.lock_ref += 1
+        nid = n.parent
+
+
+def dec_lock_ref(s: State, anchor) -> None:
+    if anchor is None or anchor[0] != "node":
+        return
+    nid = anchor[1]
+    while nid != ROOT:
+        n = s.nodes[nid]
+        if n.lock_ref == 1:
+            s.protected_size -= len(n.key)
+            s.evictable_size += len(n.key)
+        n.lock_ref -= 1
+        nid = n.parent
+
+
+def _evictable_leaves(s: State) -> list:
+    return [n for n in s.nodes.values() if n.id != ROOT and not n.children and n.lock_ref == 0]
+
+
+def evict(s: State, num_tokens: int) -> int:
+    """`RadixCache.evict`: unlocked childless leaves in (tick, path) order."""
+    evicted = 0
+    while evicted < num_tokens:
+        leaves = _evictable_leaves(s)
+        if not leaves:
+            break
+        leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
+        _free_pages(s, leaf.pages)
+        parent = s.nodes[leaf.parent]
+        del parent.children[_page_key(s, leaf.key, 0)]
+        del s.nodes[leaf.id]
+        s.evictable_size -= len(leaf.key)
+        evicted += len(leaf.key)
+    return evicted
+
+
+def evict_from_tree_cache(s: State, n: int) -> None:
+    """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
+    if available_size(s) < n:
+        evict(s, n)
+
+
+def cache_unfinished_req_inner(s: State, req: Req) -> None:
+    """Inner `RadixCache.cache_unfinished_req` (DOMAIN.md 2.4): the page-aligned
+    committed prefix moves into the tree and the lock moves with it."""
+    P = s.cfg.page_size
+    row = s.rows[req.row]
+    keys_len = floor_align(req.committed, P)
+    key = req.fill_ids[:keys_len]
+    new_prefix_len = insert(s, key, row[:keys_len // P])
+    if new_prefix_len > req.protected:
+        _free_row_range(s, req.row, req.protected, new_prefix_len)
+    nid, pages = match_prefix(s, key)
+    if len(pages) * P != keys_len:
+        raise ModelError(f"cache_unfinished_req: re-match {len(pages) * P} != {keys_len}")
+    row[req.protected // P:keys_len // P] = pages[req.protected // P:]
+    req.protected = keys_len
+    dec_lock_ref(s, req.last_node)
+    req.last_node = ("node", nid)
+    inc_lock_ref(s, req.last_node)
+    req.locked = True
+
+
+def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
+    """Inner `RadixCache.cache_finished_req` (DOMAIN.md 2.6, non-streaming)."""
+    P = s.cfg.page_size
+    committed = req.committed
+    req.committed_freed = True                      # pop_committed_kv_cache
+    keys_len = floor_align(committed, P)
+    if is_insert:
+        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P])
+        if new_prefix_len > req.protected:
+            _free_row_range(s, req.row, req.protected, new_prefix_len)
+    elif keys_len > req.protected:
+        _free_row_range(s, req.row, req.protected, keys_len)
+    if committed > keys_len:
+        _free_row_range(s, req.row, keys_len, committed)    # the unaligned tail page
+    if req.locked:
+        dec_lock_ref(s, req.last_node)
+        req.locked = False
+
+
+# ---------------------------------------------------------------------------
+# session slots (StreamingSession, SessionSlot)
+# ---------------------------------------------------------------------------
+
+def _is_streaming(req: Req) -> bool:
+    return req.session is not None
+
+
+def _free_kv_aligned(s: State, row: int, target: int, end: int) -> None:
+    """Free row[ceil_align(target):end): the partial page stays attached."""
+    r = s.rows[row]
+    _free_pages(s, [r[k] for k in free_kv_aligned_pages(target, end, s.cfg.page_size)])
+
+
+def _free_tail(s: State, slot: Slot, req: Req, prefix_len: int) -> None:
+    _free_kv_aligned(s, slot.row, prefix_len, slot.allocated)
+    slot.allocated = prefix_len
+    slot.committed = min(slot.committed, prefix_len)
+    req.allocated = prefix_len
+    req.committed = min(req.committed, prefix_len)
+
+
+def _trim_overshoot(s: State, req: Req, finished_len: int) -> None:
+    target = len(req.origin) + finished_len
+    _free_kv_aligned(s, req.row, target, req.allocated)
+    req.allocated = min(req.allocated, target)
+    req.committed = min(req.committed, target)
+    del req.output[finished_len:]
+
+
+def _save_from_req(slot: Slot, req: Req, is_first: bool) -> None:
+    slot.row = req.row
+    slot.committed = req.committed
+    slot.allocated = req.allocated
+    if is_first:
+        slot.last_node = req.last_node
+        slot.protected = req.protected
+    req.row = None
+    req.locked = False          # the first turn's lock now belongs to slot.last_node
+
+
+def _restore_to_req(slot: Slot, req: Req) -> None:
+    """The slot is not cleared (restore must be idempotent across a rejected admission)."""
+    req.row = slot.row
+    req.committed = slot.committed
+    req.allocated = slot.allocated
+
+
+def _mark_kv_freed(req: Req) -> None:
+    req.committed_freed = True
+    req.overallocated_freed = True
+
+
+def release_session(s: State, sid: int) -> None:
+    """Drop the first-turn lock, free row[protected:allocated], return the row."""
+    slot = s.slots.pop(sid, None)
+    if slot is None:
+        return
+    dec_lock_ref(s, slot.last_node)
+    if slot.row is not None:
+        if slot.protected < slot.allocated:
+            _free_row_range(s, slot.row, slot.protected, slot.allocated)
+        s.free_rows.append(slot.row)
+
+
+def find_active_slot(s: State, req: Req):
+    """A slot holding KV for this streaming request, or None; detaches a pre-aborted one."""
+    if not _is_streaming(req):
+        return None
+    slot = s.slots.get(req.session)
+    if slot is None or slot.row is None:
+        return None
+    if req.to_finish:
+        sid = req.session
+        _abort_req(s, sid, req)
+        req.session = None
+        _maybe_close(s, sid)
+        return None
+    return slot
+
+
+def _abort_req(s: State, sid: int, req: Req) -> None:
+    """`Session.abort_req`. FIX(H3): clears _inflight only for the in-flight request."""
+    sess = s.sessions.get(sid)
+    if sess is not None and sess.inflight_rid == req.rid:
+        sess.inflight_rid = None
+
+
+def _finish_req(s: State, sid: int, req: Req) -> None:
+    """`Session.finish_req`: the checkpoint advances to this request."""
+    sess = s.sessions.get(sid)
+    if sess is None:
+        return
+    if sess.inflight_rid == req.rid:
+        sess.inflight_rid = None
+    sess.checkpoint = req.fill_ids
+
+
+def _maybe_close(s: State, sid: int) -> None:
+    """A deferred close is carried out once the turn in flight has ended."""
+    sess = s.sessions.get(sid)
+    if sess is not None and sess.close_pending and sess.inflight_rid is None:
+        release_session(s, sid)
+        del s.sessions[sid]
+
+
+def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> None:
+    """`StreamingSession.try_cache_finished_req` for an attached streaming request.
+    checkpoint=False is the retract path: FIX(H4) parks the KV without `finish_req`."""
+    sid = req.session
+    slot = s.slots.get(sid)
+    if req.finished_reason == "abort":
+        if s.cfg.era == "borrow":
+            if slot is not None:
+                dec_lock_ref(s, slot.last_node)
+                del s.slots[sid]
+            _abort_req(s, sid, req)
+            req.session = None
+            _release_plain(s, req, is_insert=True)
+            return
+        if slot is None:                # first-turn mid-abort: ephemeral slot
+            slot = Slot(row=req.row, allocated=req.allocated, last_node=req.last_node,
+                        protected=req.protected)
+            s.slots[sid] = slot
+        slot.allocated = max(slot.allocated, req.allocated)
+        req.locked = False              # the lock goes with the slot
+        release_session(s, sid)
+        req.row = None
+        _abort_req(s, sid, req)
+        _mark_kv_freed(req)
+        return
+    is_first = slot is None
+    if is_first:
+        slot = Slot()
+        s.slots[sid] = slot
+    finished_len = req.finished_len if req.finished_len is not None else len(req.output)
+    target = len(req.origin) + finished_len
+    _trim_overshoot(s, req, finished_len)
+    _save_from_req(slot, req, is_first)
+    slot.committed = min(target, slot.allocated)
+    if checkpoint:
+        _finish_req(s, sid, req)
+    _mark_kv_freed(req)
+
+
+def _release_plain(s: State, req: Req, is_insert: bool) -> None:
+    """`release_kv_cache` for a request the streaming wrapper does not handle:
+    cache_finished_req, then the overallocation [ceil_align(committed), allocated), then
+    the row."""
+    cache_finished_req_inner(s, req, is_insert)
+    start = ceil_align(req.committed, s.cfg.page_size)
+    if start < req.allocated:
+        _free_row_range(s, req.row, start, req.allocated)
+    req.overallocated_freed = True
+    s.free_rows.append(req.row)
+    req.row = None
+
+
+def release_kv_cache(s: State, req: Req, is_insert: bool = True) -> None:
+    if _is_streaming(req):
+        sid = req.session
+        try_cache_finished_req(s, req)
+        _maybe_close(s, sid)
+    else:
+        _release_plain(s, req, is_insert)
+
+
+# ---------------------------------------------------------------------------
+# the scheduler around them
+# ---------------------------------------------------------------------------
+
+def _key_limit(req: Req) -> int:
+    """`_compute_max_prefix_len`: input_len - 1 (the one-token logit reserve)."""
+    return req.seqlen - 1
+
+
+def _match(s: State, req: Req) -> int:
+    """`init_next_round_input` -> `match_prefix`: slot restore or radix match.
+    Returns prefix_len."""
+    slot = find_active_slot(s, req)
+    if slot is not None:
+        _restore_to_req(slot, req)
+        prefix_len = restore_prefix_len(req.committed, req.seqlen)
+        if prefix_len < slot.protected:
+            raise ModelError(f"streaming session prefix shrank: prefix_len={prefix_len} "
+                             f"< slot.cache_protected_len={slot.protected}")
+        _free_tail(s, slot, req, prefix_len)
+        req.last_node = ("virtual", req.session)
+        req.protected = slot.protected
+        req.prefix_len = prefix_len
+        return prefix_len
+    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)])
+    req.last_node = ("node", nid)
+    req.protected = len(pages) * s.cfg.page_size
+    req.prefix_len = req.protected
+    req.prefix_pages = tuple(pages)    # prefix_indices, written into the row at alloc
+    return req.prefix_len
+
+
+def _new_tokens_needed(s: State, prefix: int, end: int) -> int:
+    P = s.cfg.page_size
+    return pages_needed_extend(prefix, end, P) * P
+
+
+def _schedule(s: State, req: Req, admit: bool) -> str:
+    prefix = _match(s, req)
+    if not admit:
+        return "rejected"
+    inc_lock_ref(s, req.last_node)
+    end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
+    if (req.row is None and not s.free_rows) or \
+            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size:
+        dec_lock_ref(s, req.last_node)
+        return "rejected"
+    req.locked = True
+    req.is_retracted = False
+    if req.row is None:
+        req.row = s.free_rows.pop(0)
+        s.rows[req.row][:prefix // s.cfg.page_size] = req.prefix_pages
+    elif not (req.committed > 0):
+        raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
+                         f"with kv_committed_len=0 and no chunk in flight")
+    if not _alloc_extend(s, req.row, prefix, end):
+        raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
+    _write_kv(s, req.row, prefix, end, req.fill_ids)
+    req.committed = req.allocated = req.extend_end = end
+    req.phase = "prefill"
+    if end == req.seqlen:
+        _prefill_done(s, req)
+    return "ok"
+
+
+def _prefill_done(s: State, req: Req) -> None:
+    """The last chunk's result: a pre-aborted request finishes; otherwise a token is
+    sampled and `cache_unfinished_req(req)` publishes the prompt."""
+    if req.to_finish:
+        req.finished_reason = "abort"
+        release_kv_cache(s, req)
+        del s.reqs[req.rid]
+        return
+    req.output.append(SAMPLED_TOKEN)
+    if not (_is_streaming(req) and req.session in s.slots):
+        cache_unfinished_req_inner(s, req)
+    req.phase = "decode"
+
+
+def _prefill_chunk(s: State, req: Req) -> str:
+    if not _is_streaming(req):
+        cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
+    prefix = req.extend_end
+    end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
+    if not _alloc_extend(s, req.row, prefix, end):
+        return "oom"
+    _write_kv(s, req.row, prefix, end, req.fill_ids)
+    req.committed = req.allocated = req.extend_end = end
+    if end == req.seqlen:
+        _prefill_done(s, req)
+    return "ok"
+
+
+def _decode(s: State, req: Req, token: int) -> str:
+    pos = req.committed
+    if not _alloc_decode(s, req.row, pos):
+        return "oom"
+    _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
+    req.committed += 1
+    req.allocated = max(req.allocated, req.committed)
+    req.output.append(token)
+    return "ok"
+
+
+def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> str:
+    need = req.committed + 2 * (drafts + 1)
+    if need > req.allocated:
+        if not _alloc_extend(s, req.row, req.allocated, need):
+            return "oom"
+        req.allocated = need
+    req.output.extend([token] * (accepted + 1))
+    start = req.committed
+    req.committed += accepted + 1
+    _write_kv(s, req.row, start, req.committed, req.fill_ids)
+    return "ok"
+
+
+def _lookahead(s: State, req: Req) -> None:
+    """Overlap (and speculative verify in flight): the step after the last one has
+    already computed the last token's KV, so committed == seqlen at finish/retract."""
+    if not (s.cfg.overlap or s.cfg.spec_enabled) or req.committed >= req.seqlen:
+        return
+    pos = req.committed
+    if pos >= req.allocated:
+        if not _alloc_decode(s, req.row, pos):
+            return                      # memory short: the step was not prepared
+        req.allocated = pos + 1
+    _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
+    req.committed = pos + 1
+
+
+def _finish(s: State, req: Req) -> None:
+    _lookahead(s, req)
+    req.finished_reason = "length"
+    req.finished_len = min(len(req.output), req.max_new_tokens)
+    release_kv_cache(s, req)
+    del s.reqs[req.rid]
+
+
+def _abort_running(s: State, req: Req) -> None:
+    req.finished_reason = "abort"
+    release_kv_cache(s, req)
+    del s.reqs[req.rid]
+
+
+def _abort_queued(s: State, req: Req) -> None:
+    """FIX(H5): a queued streaming turn clears the in-flight mark; a retracted one
+    also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
+    if _is_streaming(req):
+        sid = req.session
+        if req.is_retracted and sid in s.slots and sid in s.sessions \
+                and s.sessions[sid].inflight_rid == req.rid:
+            release_session(s, sid)
+        _abort_req(s, sid, req)
+        _maybe_close(s, sid)
+    del s.reqs[req.rid]
+
+
+def _retract(s: State, req: Req) -> None:
+    """`release_req` + `reset_for_retract`."""
+    _lookahead(s, req)
+    if _is_streaming(req):
+        req.finished_len = len(req.output)
+        try_cache_finished_req(s, req, checkpoint=False)
+        req.finished_len = None
+    else:
+        _release_plain(s, req, is_insert=False)
+    req.committed = req.allocated = req.protected = req.prefix_len = req.extend_end = 0
+    req.last_node = None
+    req.locked = False
+    req.committed_freed = req.overallocated_freed = False
+    req.is_retracted = True
+    req.phase = "queued"
+
+
+def _submit_turn(s: State, op: O.SubmitTurn) -> str:
+    sess = s.sessions[op.sid]
+    if sess.inflight_rid is not None or sess.close_pending:
+        s.reqs[op.rid] = Req(op.rid, op.sid, True, True, (0,), [], op.max_new_tokens,
+                             to_finish=True)
+        return "stub"
+    s.reqs[op.rid] = Req(op.rid, op.sid, True, False, sess.checkpoint + tuple(op.new_tokens),
+                         [], op.max_new_tokens)
+    sess.inflight_rid = op.rid
+    return "ok"
+
+
+def _close_session(s: State, sid: int) -> str:
+    sess = s.sessions[sid]
+    if sess.inflight_rid is not None:
+        sess.close_pending = True
+        return "deferred"
+    release_session(s, sid)
+    del s.sessions[sid]
+    return "ok"
+
+
+# ---------------------------------------------------------------------------
+# guards and the step function
+# ---------------------------------------------------------------------------
+
+def _sid_in_use(s: State, sid: int) -> bool:
+    return sid in s.sessions or sid in s.slots or any(r.session == sid for r in s.reqs.values())
+
+
+def _fits_context(s: State, input_len: int, max_new: int) -> bool:
+    return input_len + max_new + 2 * (s.cfg.max_drafts + 1) + 1 <= s.cfg.max_context_len
+
+
+def enabled(s: State, op: O.Op) -> bool:
+    """The guard of each operation: when upstream's scheduler could issue it."""
+    cfg = s.cfg
+    rid = getattr(op, "rid", None)
+    req = s.reqs.get(rid) if rid is not None else None
+    if isinstance(op, O.OpenSession):
+        return not _sid_in_use(s, op.sid)
+    if isinstance(op, O.SubmitTurn):
+        sess = s.sessions.get(op.sid)
+        return (sess is not None and op.rid not in s.reqs and len(op.new_tokens) >= 1
+                and op.max_new_tokens >= 1
+                and _fits_context(s, len(sess.checkpoint) + len(op.new_tokens), op.max_new_tokens))
+    if isinstance(op, O.SubmitRequest):
+        return (op.rid not in s.reqs and len(op.tokens) >= 1 and op.max_new_tokens >= 1
+                and _fits_context(s, len(op.tokens), op.max_new_tokens))
+    if isinstance(op, O.CloseSession):
+        sess = s.sessions.get(op.sid)
+        return sess is not None and not sess.close_pending
+    if isinstance(op, O.Evict):
+        return op.num_tokens >= 1
+    if req is None:
+        return False
+    if isinstance(op, O.Schedule):
+        return req.phase == "queued"
+    if isinstance(op, O.AbortQueued):
+        return req.phase == "queued"
+    if isinstance(op, O.PreAbort):
+        # before matching: to_finish is set when a request is created or re-queued,
+        # never on one that already matched (a restored request holds the slot's row)
+        return req.phase == "queued" and not req.to_finish and req.last_node is None
+    if isinstance(op, O.PrefillChunk):
+        return req.phase == "prefill"
+    if isinstance(op, O.AbortRunning):
+        return req.phase in ("prefill", "decode")
+    if isinstance(op, O.Decode):
+        return (req.phase == "decode" and not cfg.spec_enabled
+                and len(req.output) < req.max_new_tokens)
+    if isinstance(op, O.SpecDecode):
+        return (req.phase == "decode" and cfg.spec_enabled and 1 <= op.drafts <= cfg.max_drafts
+                and 0 <= op.accepted <= op.drafts and len(req.output) < req.max_new_tokens
+                and req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len)
+    if isinstance(op, (O.Finish, O.Retract)):
+        return req.phase == "decode"
+    return False
+
+
+def step(s: State, op: O.Op) -> tuple[State, str]:
+    """Apply an enabled op to a copy of s; returns (new state, outcome)."""
+    if not enabled(s, op):
+        raise ValueError(f"{op} is not enabled in this state")
+    s = s.clone()
+    req = s.reqs.get(getattr(op, "rid", None))
+    if isinstance(op, O.OpenSession):
+        s.sessions[op.sid] = Session(op.sid)
+        out = "ok"
+    elif isinstance(op, O.SubmitTurn):
+        out = _submit_turn(s, op)
+    elif isinstance(op, O.SubmitRequest):
+        s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens)
+        out = "ok"
+    elif isinstance(op, O.Schedule):
+        out = _schedule(s, req, op.admit)
+    elif isinstance(op, O.PrefillChunk):
+        out = _prefill_chunk(s, req)
+    elif isinstance(op, O.Decode):
+        out = _decode(s, req, op.token)
+    elif isinstance(op, O.SpecDecode):
+        out = _spec_decode(s, req, op.drafts, op.accepted, op.token)
+    elif isinstance(op, O.Finish):
+        _finish(s, req)
+        out = "ok"
+    elif isinstance(op, O.AbortQueued):
+        _abort_queued(s, req)
+        out = "ok"
+    elif isinstance(op, O.PreAbort):
+        req.to_finish = True
+        out = "ok"
+    elif isinstance(op, O.AbortRunning):
+        _abort_running(s, req)
+        out = "ok"
+    elif isinstance(op, O.Retract):
+        _retract(s, req)
+        out = "ok"
+    elif isinstance(op, O.CloseSession):
+        out = _close_session(s, op.sid)
+    elif isinstance(op, O.Evict):
+        evict(s, op.num_tokens)
+        out = "ok"
+    else:  # pragma: no cover - enabled() refuses unknown ops
+        raise ValueError(f"unknown op {op!r}")
+    return s, out

@@ -1,0 +1,62 @@
+"""The spec's own state mapped onto the AbstractState (the same view adapters produce)."""
+from __future__ import annotations
+
+from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.pages import ceil_div
+from spec.state import ROOT, State
+from spec.model import node_path
+
+
+def anchor_view(s: State, anchor):
+    if anchor is None:
+        return None
+    if anchor[0] == "virtual":
+        return anchor
+    if anchor[1] == ROOT:
+        return ("root",)
+    return ("node", node_path(s, anchor[1]))
+
+
+def _row_pages(s: State, row, allocated: int) -> tuple:
+    if row is None:
+        return ()
+    return tuple(s.rows[row][:ceil_div(allocated, s.cfg.page_size)])
+
+
+def abstract(s: State) -> AbstractState:
+    cfg = s.cfg
+    paths = {nid: node_path(s, nid) for nid in s.nodes}
+    nodes = tuple(sorted(
+        (NodeView(paths[n.id], paths[n.parent], n.pages, n.lock_ref)
+         for n in s.nodes.values() if n.id != ROOT),
+        key=lambda v: v.path))
+    reqs = tuple(
+        ReqView(rid=r.rid, session=r.session, streaming=r.streaming, rejected=r.rejected,
+                phase=r.phase, fill_ids=r.fill_ids, origin_len=len(r.origin),
+                max_new_tokens=r.max_new_tokens, row=r.row, committed=r.committed,
+                allocated=r.allocated, protected=r.protected,
+                anchor=anchor_view(s, r.last_node), locked=r.locked, to_finish=r.to_finish,
+                is_retracted=r.is_retracted, committed_freed=r.committed_freed,
+                overallocated_freed=r.overallocated_freed,
+                row_pages=_row_pages(s, r.row, r.allocated))
+        for r in sorted(s.reqs.values(), key=lambda r: r.rid))
+    slots = tuple(
+        SlotView(sid=sid, row=t.row, committed=t.committed, allocated=t.allocated,
+                 protected=t.protected, last_node=anchor_view(s, t.last_node),
+                 row_pages=_row_pages(s, t.row, t.allocated))
+        for sid, t in sorted(s.slots.items()))
+    sessions = tuple(
+        SessionView(sid=sid, inflight=x.inflight_rid is not None, checkpoint=x.checkpoint,
+                    close_pending=x.close_pending)
+        for sid, x in sorted(s.sessions.items()))
+
+    def read(page, offset):
+        c = s.content.get(page)
+        return None if c is None else c[offset]
+
+    return AbstractState(
+        page_size=cfg.page_size, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
+        free_pages=tuple(s.free_pages), free_rows=tuple(sorted(s.free_rows)),
+        nodes=nodes, reqs=reqs, slots=slots, sessions=sessions,
+        evictable_size=s.evictable_size, protected_size=s.protected_size,
+        content=build_content(cfg.page_size, nodes, reqs, slots, read))
