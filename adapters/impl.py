@@ -1,0 +1,146 @@
+"""ImplBackend: drives impl/ (the tensor implementation) through the operation vocabulary
+and maps its tensors onto the abstract state."""
+from __future__ import annotations
+
+from typing import Optional
+
+from impl.checks import concrete_findings, leak_check
+from impl.radix_cache import TreeNode
+from impl.scheduler import Scheduler
+from impl.streaming_session import _VirtualNode
+from spec import ops
+from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.config import Config
+from spec.violations import Violation
+
+
+def _ceil_div(x: int, p: int) -> int:
+    return -(-x // p)
+
+
+class ImplBackend:
+    name = "impl"
+
+    def __init__(self, cfg: Config, device=None) -> None:
+        self.cfg = cfg
+        self.sched = Scheduler(
+            page_size=cfg.page_size, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
+            max_context_len=cfg.max_context_len, chunk_size=cfg.chunk_size,
+            spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device)
+
+    # -- driving -----------------------------------------------------------------------
+    def apply(self, op: ops.Op) -> str:
+        s = self.sched
+        if isinstance(op, ops.OpenSession):
+            return s.open_session(op.sid)
+        if isinstance(op, ops.SubmitTurn):
+            return s.submit_turn(op.sid, op.rid, op.new_tokens, op.max_new_tokens)
+        if isinstance(op, ops.SubmitRequest):
+            return s.submit_request(op.rid, op.tokens, op.max_new_tokens)
+        if isinstance(op, ops.Schedule):
+            return s.schedule(op.rid, op.admit)
+        if isinstance(op, ops.PrefillChunk):
+            return s.prefill_chunk(op.rid)
+        if isinstance(op, ops.Decode):
+            return s.decode(op.rid, op.token)
+        if isinstance(op, ops.SpecDecode):
+            return s.spec_decode(op.rid, op.drafts, op.accepted, op.token)
+        if isinstance(op, ops.Finish):
+            return s.finish(op.rid)
+        if isinstance(op, ops.AbortQueued):
+            return s.abort_queued(op.rid)
+        if isinstance(op, ops.PreAbort):
+            return s.pre_abort(op.rid)
+        if isinstance(op, ops.AbortRunning):
+            return s.abort_running(op.rid)
+        if isinstance(op, ops.Retract):
+            return s.retract(op.rid)
+        if isinstance(op, ops.CloseSession):
+            return s.close_session(op.sid)
+        if isinstance(op, ops.Evict):
+            return s.evict(op.num_tokens)
+        raise TypeError(f"ImplBackend: unknown operation {op!r}")
+
+    # -- abstraction -------------------------------------------------------------------
+    def _anchor(self, node) -> Optional[tuple]:
+        if node is None:
+            return None
+        if isinstance(node, _VirtualNode):
+            return ("virtual", node.session_id)
+        if isinstance(node, TreeNode):
+            if node is self.sched.radix_cache.root_node:
+                return ("root",)
+            return ("node", node.path())
+        raise TypeError(f"unknown lock anchor {node!r}")
+
+    def _row_pages(self, row: Optional[int], allocated: int, r2t_rows: dict) -> tuple:
+        if row is None or allocated <= 0:
+            return ()
+        P = self.cfg.page_size
+        vals = r2t_rows[row]
+        return tuple(vals[k * P] // P for k in range(_ceil_div(allocated, P)))
+
+    def abstract(self) -> AbstractState:
+        s = self.sched
+        P = self.cfg.page_size
+        r2t = s.req_to_token_pool.req_to_token.tolist()
+        rows = dict(enumerate(r2t))
+        nodes = []
+        for n in s.radix_cache.all_nodes():
+            vals = n.value.tolist()
+            nodes.append(NodeView(path=n.path(), parent=n.parent.path(),
+                                  pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
+                                  lock_ref=n.lock_ref))
+        nodes.sort(key=lambda v: v.path)
+        reqs = []
+        for rid in sorted(s.reqs):
+            r = s.reqs[rid]
+            reqs.append(ReqView(
+                rid=rid, session=None if r.session is None else r.session.session_id,
+                streaming=r.streaming, rejected=r.rejected, phase=r.phase,
+                fill_ids=tuple(r.fill_ids), origin_len=len(r.origin_input_ids),
+                max_new_tokens=r.max_new_tokens, row=r.req_pool_idx,
+                committed=r.kv_committed_len, allocated=r.kv_allocated_len,
+                protected=r.cache_protected_len, anchor=self._anchor(r.last_node),
+                locked=r.lock_held, to_finish=r.to_finish is not None, is_retracted=r.is_retracted,
+                committed_freed=r.kv_committed_freed, overallocated_freed=r.kv_overallocated_freed,
+                row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows)))
+        slots = []
+        for sid in sorted(s.tree_cache.slots):
+            t = s.tree_cache.slots[sid]
+            slots.append(SlotView(sid=sid, row=t.req_pool_idx, committed=t.kv_committed_len,
+                                  allocated=t.kv_allocated_len, protected=t.cache_protected_len,
+                                  last_node=self._anchor(t.last_node),
+                                  row_pages=self._row_pages(t.req_pool_idx, t.kv_allocated_len, rows)))
+        sessions = []
+        for sid in sorted(s.session_controller.sessions):
+            se = s.session_controller.sessions[sid]
+            sessions.append(SessionView(sid=sid, inflight=se.inflight, checkpoint=tuple(se.checkpoint()),
+                                        close_pending=se.close_on_finish))
+        token_of = s.kv_buffer.token_of.tolist()
+
+        def read(page, offset):
+            v = token_of[page * P + offset]
+            return None if v < 0 else v
+
+        content = build_content(P, nodes, reqs, slots, read)
+        free_pages = tuple(sorted(s.token_to_kv_pool_allocator.get_all_free_pages().tolist()))
+        return AbstractState(
+            page_size=P, num_pages=self.cfg.num_pages, num_rows=self.cfg.num_rows,
+            free_pages=free_pages, free_rows=tuple(sorted(s.req_to_token_pool.free_slots)),
+            nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots), sessions=tuple(sessions),
+            evictable_size=s.tree_cache.evictable_size(), protected_size=s.tree_cache.protected_size(),
+            content=content)
+
+    # -- checks ------------------------------------------------------------------------
+    def concrete_violations(self) -> list[Violation]:
+        return [Violation(id=f.id, name=f.name, message=f.message, owner=f.owner, page=f.page)
+                for f in concrete_findings(self.sched)]
+
+    def leak_violations(self) -> list[Violation]:
+        """Upstream's leak checks (idle/busy accounting identity, request-pool check)."""
+        return [Violation(id=f.id, name=f.name, message=f.message, owner=f.owner, page=f.page)
+                for f in leak_check(self.sched)]
+
+    def close(self) -> None:
+        pass

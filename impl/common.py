@@ -1,0 +1,131 @@
+"""Scheduler glue (upstream mem_cache/common.py and ScheduleBatch helpers), for one
+request at a time: evict_from_tree_cache, alloc_for_extend, alloc_for_decode,
+check_decode_mem, release_kv_cache, release_req."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl import faults
+from impl.schedule_batch import Req
+
+I64 = torch.int64
+
+
+def ceil_align(x: int, p: int) -> int:
+    return -(-x // p) * p
+
+
+def ceil_div(x: int, p: int) -> int:
+    return -(-x // p)
+
+
+def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
+    """V1: if available_size() < n: evict(n)."""
+    if allocator.available_size() < num_tokens:
+        tree_cache.evict(num_tokens)
+
+
+def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.Tensor]:
+    """KV indices for row positions [start, end), continuing the partial page at start
+    (P > 1 evicts extend + P tokens first, P == 1 evicts extend). None on shortage."""
+    alloc = sched.token_to_kv_pool_allocator
+    P = sched.page_size
+    n = end - start
+    if n <= 0:
+        return torch.empty(0, dtype=I64, device=sched.device)
+    if P == 1:
+        evict_from_tree_cache(sched.tree_cache, alloc, n)
+        return alloc.alloc(n)
+    evict_from_tree_cache(sched.tree_cache, alloc, n + P)
+    last_loc = int(sched.req_to_token_pool.req_to_token[row, start - 1].item()) if start > 0 else -1
+    dev = sched.device
+    return alloc.alloc_extend(torch.tensor([start], dtype=I64, device=dev),
+                              torch.tensor([end], dtype=I64, device=dev),
+                              torch.tensor([last_loc], dtype=I64, device=dev), n)
+
+
+def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> None:
+    """Row (kept when held), then KV for [prefix_len, end); write_cache_indices; the
+    forward writes the KV of fill_ids[prefix_len:end]; committed = allocated = end."""
+    pool = sched.req_to_token_pool
+    if pool.alloc([req]) is None:
+        raise RuntimeError(f"req {req.rid}: no row in req_to_token_pool")
+    row = req.req_pool_idx
+    out = alloc_token_range(sched, row, prefix_len, end)
+    if out is None:
+        raise RuntimeError(f"req {req.rid}: out of KV memory for [{prefix_len}, {end})")
+    if prefix_len > 0 and req.prefix_indices is not None:
+        pool.write(row, 0, req.prefix_indices[:prefix_len])
+    pool.write(row, prefix_len, out)
+    sched.kv_buffer.set_kv_buffer(out, req.fill_ids[prefix_len:end])
+    req.kv_committed_len = end
+    req.kv_allocated_len = end
+    req.extend_end = end
+
+
+def decode_needs_alloc(sched, req: Req) -> bool:
+    return req.kv_committed_len >= req.kv_allocated_len
+
+
+def decode_feasible(sched, req: Req) -> bool:
+    """Whether alloc_for_decode for position committed can succeed after eviction."""
+    if not decode_needs_alloc(sched, req):
+        return True
+    P = sched.page_size
+    if req.kv_committed_len % P != 0:
+        return True
+    return sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size() >= P
+
+
+def check_decode_mem(sched, req: Req) -> bool:
+    """Tokens the next decode step needs (P if a new page starts), after eviction."""
+    P = sched.page_size
+    needed = P if (decode_needs_alloc(sched, req) and req.kv_committed_len % P == 0) else 0
+    evict_from_tree_cache(sched.tree_cache, sched.token_to_kv_pool_allocator, needed)
+    return sched.token_to_kv_pool_allocator.available_size() >= needed
+
+
+def alloc_for_decode(sched, req: Req) -> Optional[int]:
+    """One KV index for row position committed (a new page iff committed % P == 0);
+    written into the row. None on shortage (nothing changes)."""
+    alloc = sched.token_to_kv_pool_allocator
+    P = sched.page_size
+    pos = req.kv_committed_len
+    row = req.req_pool_idx
+    if pos % P == 0:
+        evict_from_tree_cache(sched.tree_cache, alloc, P)
+    if P == 1:
+        out = alloc.alloc(1)
+    else:
+        last_loc = int(sched.req_to_token_pool.req_to_token[row, pos - 1].item()) if pos > 0 else -1
+        dev = sched.device
+        out = alloc.alloc_decode(torch.tensor([pos + 1], dtype=I64, device=dev),
+                                 torch.tensor([last_loc], dtype=I64, device=dev))
+    if out is None:
+        return None
+    sched.req_to_token_pool.write(row, pos, out)
+    return int(out[0].item())
+
+
+def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = False) -> None:
+    """tree_cache.cache_finished_req, then (if the request still holds its row) the
+    overallocation free from ceil_align(committed) and the row."""
+    sched.tree_cache.cache_finished_req(req, is_insert=is_insert, retract=retract)
+    if req.req_pool_idx is None:
+        return
+    start_p, end_p = req.pop_overallocated_kv_cache()
+    if "overalloc_free_from_committed" not in faults.ACTIVE:
+        start_p = ceil_align(start_p, sched.page_size)
+    if start_p < end_p:
+        sched.token_to_kv_pool_allocator.free(
+            sched.req_to_token_pool.req_to_token[req.req_pool_idx, start_p:end_p])
+    sched.req_to_token_pool.free(req)
+    req.lock_held = False
+
+
+def release_req(sched, req: Req) -> None:
+    """Retract: release_kv_cache(is_insert=False) then reset_for_retract."""
+    release_kv_cache(sched, req, is_insert=False, retract=True)
+    req.reset_for_retract()

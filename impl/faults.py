@@ -1,0 +1,56 @@
+"""Planted faults: deliberate small defects for the checker's self-test.
+
+Product code never sets ACTIVE; a fault is switched on only through `planted(name)`
+(or by adding its name to ACTIVE in a test). Each check sits where the real defect
+would be, as `if "<name>" in faults.ACTIVE:`.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+FAULTS: dict[str, str] = {
+    "restore_clears_slot":
+        "V0: restore_to_req clears slot.req_pool_idx, so a rejected-then-retried turn loses the slot's KV",
+    "free_tail_unaligned":
+        "_free_kv_aligned frees from target instead of ceil_align(target): a page still holding committed tokens is freed",
+    "save_keeps_row":
+        "save_from_req keeps req.req_pool_idx, so release_kv_cache also frees the overalloc tail and the row the slot now owns",
+    "preabort_no_detach":
+        "H1: find_active_slot restores the slot into a pre-aborted request instead of detaching it",
+    "close_skips_dec_lock":
+        "release_session skips dec_lock_ref on the first turn's radix node: the prompt stays locked forever",
+    "close_not_deferred":
+        "SessionController._close releases the session at once even while a turn is in flight (I22)",
+    "ephemeral_slot_no_lock_node":
+        "the ephemeral slot of a first-turn mid-abort is built without last_node: its lock is never dropped",
+    "free_no_page_dedup":
+        "allocator free() skips unique(index // P): one call frees a page once per token index",
+    "free_tail_slot_untouched":
+        "_free_tail trims only the request, not the slot: a retry frees the same tail twice",
+    "split_no_lock_copy":
+        "_split_node does not copy lock_ref to the new parent: path lock counts break",
+    "overalloc_free_from_committed":
+        "release_kv_cache frees the overallocation from committed instead of ceil_align(committed): the tail page is freed twice",
+    "retract_advances_checkpoint":
+        "H4 unfixed: retract of a streaming turn calls finish_req (checkpoint advances, _inflight cleared)",
+    "abort_req_unconditional":
+        "H3 unfixed: Session.abort_req clears _inflight whichever request calls it",
+    "queued_abort_keeps_inflight":
+        "H5 unfixed: a queued abort of a streaming turn makes no session call; _inflight stays set",
+}
+
+ACTIVE: set[str] = set()
+
+
+@contextmanager
+def planted(*names: str):
+    """Switch the named faults on for the duration of the block."""
+    for n in names:
+        if n not in FAULTS:
+            raise KeyError(f"unknown planted fault {n!r}; known: {', '.join(sorted(FAULTS))}")
+    added = [n for n in names if n not in ACTIVE]
+    ACTIVE.update(added)
+    try:
+        yield
+    finally:
+        ACTIVE.difference_update(added)

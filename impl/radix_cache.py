@@ -1,0 +1,235 @@
+"""RadixCache (upstream mem_cache/radix_cache.py), page-aligned, with deterministic LRU.
+
+Eviction order: a global tick increments once per match_prefix call and once per insert
+call; every node on the walked path (plus a created node and both halves of a split) is
+stamped. evict() pops unlocked childless leaves by (last_access_tick, key path).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl import faults
+
+I64 = torch.int64
+
+
+class TreeNode:
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id")
+    _counter = 0
+
+    def __init__(self, key: tuple = (), value: Optional[torch.Tensor] = None, parent=None,
+                 lock_ref: int = 0, tick: int = 0):
+        self.children: dict = {}
+        self.parent: Optional[TreeNode] = parent
+        self.key: tuple = key
+        self.value = value
+        self.lock_ref = lock_ref
+        self.last_access_tick = tick
+        TreeNode._counter += 1
+        self.id = TreeNode._counter
+
+    def path(self) -> tuple:
+        """The full key from the root."""
+        parts = []
+        n = self
+        while n is not None and n.parent is not None:
+            parts.append(n.key)
+            n = n.parent
+        out: tuple = ()
+        for k in reversed(parts):
+            out += k
+        return out
+
+
+class RadixCache:
+    def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int, device):
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.device = device
+        self.reset()
+
+    def reset(self) -> None:
+        self.root_node = TreeNode(key=(), value=torch.empty(0, dtype=I64, device=self.device), lock_ref=1)
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.tick = 0
+
+    # -- helpers -----------------------------------------------------------------
+    def page_align_len(self, n: int) -> int:
+        return n // self.page_size * self.page_size
+
+    def _child_key(self, key: tuple) -> tuple:
+        return tuple(key[: self.page_size])
+
+    def _key_match(self, a: tuple, b: tuple) -> int:
+        """Matched length in whole pages."""
+        P = self.page_size
+        n = min(len(a), len(b))
+        i = 0
+        while i + P <= n and a[i:i + P] == b[i:i + P]:
+            i += P
+        return i
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def all_nodes(self) -> list:
+        out, stack = [], [self.root_node]
+        while stack:
+            n = stack.pop()
+            if n is not self.root_node:
+                out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    # -- match / split / insert ---------------------------------------------------
+    def match_prefix(self, key) -> tuple:
+        """(device_indices, last_node): the longest cached page-aligned prefix of key.
+        Splits a node when the match ends inside it. Takes no lock."""
+        key = tuple(key)[: self.page_align_len(len(key))]
+        self.tick += 1
+        t = self.tick
+        node = self.root_node
+        values = []
+        while len(key) > 0 and self._child_key(key) in node.children:
+            child = node.children[self._child_key(key)]
+            child.last_access_tick = t
+            plen = self._key_match(child.key, key)
+            if plen < len(child.key):
+                new_node = self._split_node(child, plen)
+                values.append(new_node.value)
+                node = new_node
+                break
+            values.append(child.value)
+            node = child
+            key = key[plen:]
+        if values:
+            idx = torch.cat(values)
+        else:
+            idx = torch.empty(0, dtype=I64, device=self.device)
+        return idx, node
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        new_node = TreeNode(key=child.key[:split_len], value=child.value[:split_len].clone(),
+                            parent=child.parent, lock_ref=child.lock_ref, tick=self.tick)
+        if "split_no_lock_copy" in faults.ACTIVE:
+            new_node.lock_ref = 0
+        parent = child.parent
+        parent.children[self._child_key(child.key)] = new_node
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:].clone()
+        child.parent = new_node
+        child.last_access_tick = self.tick
+        new_node.children[self._child_key(child.key)] = child
+        return new_node
+
+    def insert(self, key, value: torch.Tensor) -> int:
+        """Insert key -> value; returns how much of key already existed."""
+        key = tuple(key)
+        self.tick += 1
+        t = self.tick
+        node = self.root_node
+        total_prefix = 0
+        while len(key) > 0 and self._child_key(key) in node.children:
+            node = node.children[self._child_key(key)]
+            node.last_access_tick = t
+            plen = self._key_match(node.key, key)
+            total_prefix += plen
+            key = key[plen:]
+            value = value[plen:]
+            if plen < len(node.key):
+                node = self._split_node(node, plen)
+        if len(key) > 0:
+            leaf = TreeNode(key=key, value=value.clone().to(I64), parent=node, tick=t)
+            node.children[self._child_key(key)] = leaf
+            self.evictable_size_ += len(key)
+        return total_prefix
+
+    # -- locks ------------------------------------------------------------------------
+    def inc_lock_ref(self, node) -> None:
+        if not isinstance(node, TreeNode):
+            return
+        while node is not self.root_node:
+            assert node.parent is not None, "holds a node from another tree"
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node) -> None:
+        if not isinstance(node, TreeNode):
+            return
+        while node is not self.root_node:
+            assert node.parent is not None, "holds a node from another tree"
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    # -- eviction -----------------------------------------------------------------------
+    def _is_candidate(self, n: TreeNode) -> bool:
+        return n is not self.root_node and n.lock_ref == 0 and not n.children
+
+    def evict(self, num_tokens: int) -> int:
+        candidates = {n.id: n for n in self.all_nodes() if self._is_candidate(n)}
+        paths = {i: n.path() for i, n in candidates.items()}
+        evicted = 0
+        while evicted < num_tokens and candidates:
+            vid = min(candidates, key=lambda i: (candidates[i].last_access_tick, paths[i]))
+            x = candidates.pop(vid)
+            self.token_to_kv_pool_allocator.free(x.value)
+            evicted += len(x.key)
+            parent = x.parent
+            del parent.children[self._child_key(x.key)]
+            self.evictable_size_ -= len(x.key)
+            x.parent = None
+            if self._is_candidate(parent):
+                candidates[parent.id] = parent
+                paths[parent.id] = parent.path()
+        return evicted
+
+    # -- request caching (inner radix paths) ----------------------------------------------
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        """Insert the page-aligned fill_ids[:end]; free duplicates; re-match; rewrite the
+        row; move the lock; cache_protected_len = len(new_indices)."""
+        end = req.kv_committed_len
+        token_ids = req.fill_ids[:end]
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :end].to(I64)
+        n_keys = self.page_align_len(end)
+        keys = token_ids[:n_keys]
+        new_prefix_len = self.insert(keys, kv[:n_keys])
+        protected = req.cache_protected_len
+        self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+        new_indices, new_last_node = self.match_prefix(keys)
+        assert len(new_indices) == n_keys, f"re-match {len(new_indices)} != {n_keys}"
+        self.req_to_token_pool.write(req.req_pool_idx, protected, new_indices[protected:])
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(new_last_node)
+        req.last_node = new_last_node
+        req.cache_protected_len = len(new_indices)
+        req.prefix_indices = torch.cat((new_indices, kv[len(new_indices):]))
+
+    def cache_finished_req(self, req, is_insert: bool = True) -> None:
+        """Insert (or not) the page-aligned committed prefix, free duplicates and the
+        unaligned tail [len(keys), committed), drop the request's lock."""
+        committed = req.pop_committed_kv_cache()
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed].to(I64)
+        n_keys = self.page_align_len(committed)
+        protected = req.cache_protected_len
+        if is_insert:
+            keys = req.fill_ids[:n_keys]
+            new_prefix_len = self.insert(keys, kv[:n_keys])
+            self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+        else:
+            self.token_to_kv_pool_allocator.free(kv[protected:n_keys])
+        self.token_to_kv_pool_allocator.free(kv[n_keys:])
+        self.dec_lock_ref(req.last_node)
+        req.lock_held = False

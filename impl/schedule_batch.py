@@ -1,0 +1,77 @@
+"""Req (upstream managers/schedule_batch.py, V1 per-field KV lengths)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+FINISH_ABORT = "abort"
+FINISH_LENGTH = "length"
+
+
+class Req:
+    def __init__(self, rid: int, origin_input_ids, max_new_tokens: int, session=None,
+                 streaming: bool = False, rejected: bool = False):
+        self.rid = rid
+        self.origin_input_ids: list = list(origin_input_ids)
+        self.output_ids: list = []
+        self.max_new_tokens = max_new_tokens
+        self.session = session                 # Session or None (req.session)
+        self.streaming = streaming             # created by Session.create_req
+        self.rejected = rejected               # create_req rejection stub
+        self.phase = "queued"                  # queued | prefill | decode
+        # KV fields
+        self.req_pool_idx: Optional[int] = None
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.prefix_indices: Optional[torch.Tensor] = None
+        self.last_node = None
+        self.lock_held = False                 # the persistent admission lock (through last_node)
+        self.kv_committed_freed = False
+        self.kv_overallocated_freed = False
+        self.inflight_middle_chunks = 0
+        self.extend_end = 0                    # extend_range.end of the last chunk
+        # finish state
+        self.to_finish: Optional[str] = None
+        self.finished_reason: Optional[str] = None
+        self.finished_len: Optional[int] = None
+        self.is_retracted = False
+
+    @property
+    def fill_ids(self) -> list:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def _cache_commit_len(self) -> int:
+        return self.kv_committed_len
+
+    def pop_committed_kv_cache(self) -> int:
+        assert not self.kv_committed_freed, f"req {self.rid}: committed KV freed twice"
+        self.kv_committed_freed = True
+        return self._cache_commit_len()
+
+    def pop_overallocated_kv_cache(self) -> tuple:
+        assert not self.kv_overallocated_freed, f"req {self.rid}: overallocated KV freed twice"
+        self.kv_overallocated_freed = True
+        return self._cache_commit_len(), self.kv_allocated_len
+
+    def reset_for_retract(self) -> None:
+        self.kv_committed_len = 0
+        self.kv_allocated_len = 0
+        self.cache_protected_len = 0
+        self.prefix_indices = None
+        self.last_node = None
+        self.lock_held = False
+        self.kv_committed_freed = False
+        self.kv_overallocated_freed = False
+        self.inflight_middle_chunks = 0
+        self.extend_end = 0
+        self.is_retracted = True
+        self.phase = "queued"

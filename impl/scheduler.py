@@ -1,0 +1,260 @@
+"""Scheduler: the facade with one method per kvcheck operation.
+
+Each method returns an outcome string: "ok", "rejected", "oom", "deferred" or "stub".
+It takes plain constructor arguments (impl/ does not import spec/).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl import common, faults
+from impl.allocator import make_allocator
+from impl.device import resolve_device
+from impl.memory_pool import KVBuffer, ReqToTokenPool
+from impl.radix_cache import RadixCache
+from impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+from impl.session_controller import SessionController
+from impl.streaming_session import StreamingSession
+
+ERAS = ("wrapper", "borrow")
+
+
+def chunk_end(prefix: int, input_len: int, chunk_size: Optional[int], p: int) -> int:
+    if chunk_size is None:
+        return input_len
+    return min(input_len, prefix + (chunk_size // p) * p)
+
+
+class Scheduler:
+    def __init__(self, page_size: int = 1, num_pages: int = 16, num_rows: int = 4,
+                 max_context_len: int = 64, chunk_size: Optional[int] = None,
+                 spec_enabled: bool = False, overlap: bool = False, era: str = "wrapper",
+                 device=None, need_sort: bool = True, debug_mode: Optional[bool] = None):
+        if era not in ERAS:
+            raise ValueError(f"era must be one of {ERAS}, got {era!r}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.num_rows = num_rows
+        self.max_context_len = max_context_len
+        self.chunk_size = chunk_size
+        self.spec_enabled = spec_enabled
+        self.overlap = overlap
+        self.era = era
+        self.device = resolve_device(device)
+        self.max_total_num_tokens = num_pages * page_size
+        self.req_to_token_pool = ReqToTokenPool(num_rows, max_context_len, self.device)
+        self.token_to_kv_pool_allocator = make_allocator(num_pages, page_size, self.device,
+                                                         need_sort=need_sort, debug_mode=debug_mode)
+        self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
+        self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                                      page_size, self.device)
+        self.tree_cache = StreamingSession(self.radix_cache, era=era)
+        self.session_controller = SessionController(self.tree_cache)
+        self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode
+
+    # -- helpers ------------------------------------------------------------------------
+    def _req(self, rid: int, *phases: str) -> Req:
+        req = self.reqs.get(rid)
+        if req is None:
+            raise KeyError(f"no live request {rid}")
+        if phases and req.phase not in phases:
+            raise ValueError(f"req {rid} is {req.phase}, expected {'/'.join(phases)}")
+        return req
+
+    def _extend_fits(self, start: int, end: int) -> bool:
+        P = self.page_size
+        new_pages = common.ceil_div(end, P) - common.ceil_div(start, P)
+        return new_pages * P <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+
+    def _retire(self, req: Req, session) -> None:
+        self.reqs.pop(req.rid, None)
+        req.phase = "finished"
+        self.session_controller.maybe_reap(session)
+
+    def _write_kv(self, req: Req, start: int, end: int) -> None:
+        if end <= start:
+            return
+        loc = self.req_to_token_pool.req_to_token[req.req_pool_idx, start:end]
+        self.kv_buffer.set_kv_buffer(loc, req.fill_ids[start:end])
+
+    def _overlap_lookahead(self, req: Req) -> None:
+        """Overlap scheduler: the step after the last one is already prepared."""
+        if not self.overlap:
+            return
+        if req.kv_committed_len == req.kv_allocated_len:
+            if not common.decode_feasible(self, req):
+                return
+            if common.alloc_for_decode(self, req) is None:
+                return
+            self._write_kv(req, req.kv_committed_len, req.kv_committed_len + 1)
+            req.kv_committed_len += 1
+            req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
+        elif req.kv_committed_len < req.kv_allocated_len:
+            self._write_kv(req, req.kv_committed_len, req.kv_committed_len + 1)
+            req.kv_committed_len += 1
+
+    # -- operations ---------------------------------------------------------------------
+    def open_session(self, sid: int) -> str:
+        self.session_controller.open(sid)
+        return "ok"
+
+    def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int) -> str:
+        session = self.session_controller.sessions.get(sid)
+        if session is None:
+            req = Req(rid, [0], max_new_tokens, session=None, streaming=True, rejected=True)
+            req.to_finish = FINISH_ABORT
+        else:
+            req = session.create_req(rid, new_tokens, max_new_tokens)
+        self.reqs[rid] = req
+        return "stub" if req.rejected else "ok"
+
+    def submit_request(self, rid: int, tokens, max_new_tokens: int) -> str:
+        self.reqs[rid] = Req(rid, list(tokens), max_new_tokens)
+        return "ok"
+
+    def schedule(self, rid: int, admit: bool = True) -> str:
+        req = self._req(rid, "queued")
+        fill = req.fill_ids
+        input_len = len(fill)
+        key = fill[: input_len - 1]
+        session_before = req.session
+        prefix_indices, last_node, protected = self.tree_cache.match_prefix(req, key)
+        if session_before is not None and req.session is None:
+            self.session_controller.maybe_reap(session_before)   # pre-abort detach ended the turn
+        req.prefix_indices = prefix_indices
+        req.last_node = last_node
+        req.cache_protected_len = protected
+        prefix_len = len(prefix_indices)
+        # admission (PrefillAdder)
+        if not admit:
+            return "rejected"
+        if req.req_pool_idx is None and self.req_to_token_pool.available_size() < 1:
+            return "rejected"
+        end = chunk_end(prefix_len, input_len, self.chunk_size, self.page_size)
+        self.tree_cache.inc_lock_ref(last_node)
+        if not self._extend_fits(prefix_len, end):
+            self.tree_cache.dec_lock_ref(last_node)
+            return "rejected"
+        req.lock_held = True
+        common.alloc_for_extend(self, req, prefix_len, end)
+        req.phase = "prefill"
+        if end < input_len:
+            req.inflight_middle_chunks = 1
+        else:
+            self._prefill_done(req)
+        return "ok"
+
+    def _prefill_done(self, req: Req) -> None:
+        req.inflight_middle_chunks = 0
+        if req.to_finish is not None:
+            req.finished_reason = req.to_finish
+            session = req.session
+            common.release_kv_cache(self, req)
+            self._retire(req, session)
+            return
+        req.output_ids.append(1)
+        self.tree_cache.cache_unfinished_req(req)
+        req.phase = "decode"
+
+    def prefill_chunk(self, rid: int) -> str:
+        req = self._req(rid, "prefill")
+        input_len = len(req.fill_ids)
+        start = req.kv_committed_len
+        end = chunk_end(start, input_len, self.chunk_size, self.page_size)
+        if not self._extend_fits(start, end):
+            return "oom"
+        self.tree_cache.cache_unfinished_req(req, chunked=True)
+        common.alloc_for_extend(self, req, start, end)
+        if end >= input_len:
+            self._prefill_done(req)
+        return "ok"
+
+    def decode(self, rid: int, token: int = 1) -> str:
+        req = self._req(rid, "decode")
+        if not common.check_decode_mem(self, req):
+            return "oom"
+        pos = req.kv_committed_len
+        if common.decode_needs_alloc(self, req):
+            if common.alloc_for_decode(self, req) is None:
+                return "oom"
+        self._write_kv(req, pos, pos + 1)
+        req.kv_committed_len += 1
+        req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
+        req.output_ids.append(token)
+        return "ok"
+
+    def spec_decode(self, rid: int, drafts: int, accepted: int, token: int = 1) -> str:
+        req = self._req(rid, "decode")
+        need = req.kv_committed_len + 2 * (drafts + 1)
+        if need > req.kv_allocated_len:
+            start = req.kv_allocated_len
+            if not self._extend_fits(start, need):
+                return "oom"
+            out = common.alloc_token_range(self, req.req_pool_idx, start, need)
+            if out is None:
+                return "oom"
+            self.req_to_token_pool.write(req.req_pool_idx, start, out)
+            req.kv_allocated_len = need
+        c = req.kv_committed_len
+        req.output_ids.extend([token] * (accepted + 1))
+        self._write_kv(req, c, c + accepted + 1)
+        req.kv_committed_len = c + accepted + 1
+        return "ok"
+
+    def finish(self, rid: int) -> str:
+        req = self._req(rid, "decode")
+        self._overlap_lookahead(req)
+        req.finished_reason = FINISH_LENGTH
+        req.finished_len = min(len(req.output_ids), req.max_new_tokens)
+        session = req.session
+        common.release_kv_cache(self, req)
+        self._retire(req, session)
+        return "ok"
+
+    def abort_queued(self, rid: int) -> str:
+        req = self._req(rid, "queued")
+        session = req.session
+        if session is not None and session.streaming:
+            if "queued_abort_keeps_inflight" not in faults.ACTIVE:
+                session.abort_req(req)
+            if req.is_retracted:
+                self.tree_cache.release_session(session.session_id)
+        self._retire(req, session)
+        return "ok"
+
+    def pre_abort(self, rid: int) -> str:
+        req = self._req(rid, "queued")
+        req.to_finish = FINISH_ABORT
+        return "ok"
+
+    def abort_running(self, rid: int) -> str:
+        req = self._req(rid, "prefill", "decode")
+        req.finished_reason = FINISH_ABORT
+        session = req.session
+        common.release_kv_cache(self, req)
+        self._retire(req, session)
+        return "ok"
+
+    def retract(self, rid: int) -> str:
+        req = self._req(rid, "decode")
+        self._overlap_lookahead(req)
+        session = req.session
+        common.release_req(self, req)
+        self.session_controller.maybe_reap(session)
+        return "ok"
+
+    def close_session(self, sid: int) -> str:
+        return self.session_controller.close(sid)
+
+    def evict(self, num_tokens: int) -> str:
+        self.tree_cache.evict(num_tokens)
+        return "ok"
+
+    # -- accounting (DOMAIN.md 2.14) --------------------------------------------------------
+    def running_reqs(self) -> list:
+        return [r for r in self.reqs.values() if r.phase in ("prefill", "decode")]
+
+    def active_pool_idxs(self) -> set:
+        return {r.req_pool_idx for r in self.running_reqs() if r.req_pool_idx is not None}

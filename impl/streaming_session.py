@@ -1,0 +1,262 @@
+"""StreamingSession (upstream session/streaming_session.py, wrapper era V1 + the seed's
+committed clamp on save), with an era switch for the borrow-era mid-abort."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl import faults
+from impl.schedule_batch import FINISH_ABORT, Req
+
+I64 = torch.int64
+
+
+def ceil_align(x: int, p: int) -> int:
+    return -(-x // p) * p
+
+
+class _VirtualNode:
+    """Sentinel lock anchor of a session slot; lock calls on it are no-ops."""
+
+    def __init__(self, session_id=None):
+        self.session_id = session_id
+
+
+class SessionSlot:
+    def __init__(self, session_id=None, req_pool_idx: Optional[int] = None, kv_committed_len: int = 0,
+                 kv_allocated_len: int = 0, last_node=None, cache_protected_len: int = 0):
+        self.virtual_node = _VirtualNode(session_id)
+        self.req_pool_idx = req_pool_idx
+        self.kv_committed_len = kv_committed_len
+        self.kv_allocated_len = kv_allocated_len
+        self.last_node = last_node
+        self.cache_protected_len = cache_protected_len
+
+    @property
+    def is_holding_kv(self) -> bool:
+        return self.req_pool_idx is not None
+
+    def save_from_req(self, req: Req, is_first: bool) -> None:
+        self.req_pool_idx = req.req_pool_idx
+        self.kv_committed_len = req.kv_committed_len
+        self.kv_allocated_len = req.kv_allocated_len
+        if is_first:
+            self.last_node = req.last_node
+            self.cache_protected_len = req.cache_protected_len
+        if "save_keeps_row" not in faults.ACTIVE:
+            req.req_pool_idx = None
+        req.lock_held = False
+
+    def restore_to_req(self, req: Req) -> None:
+        req.req_pool_idx = self.req_pool_idx
+        req.kv_committed_len = self.kv_committed_len
+        req.kv_allocated_len = self.kv_allocated_len
+        if "restore_clears_slot" in faults.ACTIVE:
+            self.req_pool_idx = None
+
+
+def _is_streaming(req: Optional[Req]) -> bool:
+    return req is not None and req.session is not None and req.session.streaming
+
+
+class StreamingSession:
+    def __init__(self, inner, era: str = "wrapper"):
+        self.inner = inner                     # RadixCache
+        self.era = era
+        self.slots: dict = {}
+
+    @property
+    def req_to_token_pool(self):
+        return self.inner.req_to_token_pool
+
+    @property
+    def token_to_kv_pool_allocator(self):
+        return self.inner.token_to_kv_pool_allocator
+
+    @property
+    def page_size(self) -> int:
+        return self.inner.page_size
+
+    def any_holding_kv(self) -> bool:
+        return any(s.is_holding_kv for s in self.slots.values())
+
+    def find_active_slot(self, req: Req) -> Optional[SessionSlot]:
+        if not _is_streaming(req):
+            return None
+        slot = self.slots.get(req.session.session_id)
+        if slot is None or slot.req_pool_idx is None:
+            return None
+        if req.to_finish is not None and "preabort_no_detach" not in faults.ACTIVE:
+            req.session.abort_req(req)
+            req.session = None
+            return None
+        return slot
+
+    # -- match ---------------------------------------------------------------------
+    def try_match_prefix(self, req: Req, key) -> Optional[tuple]:
+        """(device_indices, last_node, cache_protected_len) when the request restores its
+        session slot; None to fall back to the radix match."""
+        slot = self.find_active_slot(req)
+        if slot is None:
+            return None
+        slot.restore_to_req(req)
+        prefix_len = min(req.kv_committed_len, len(key))
+        assert prefix_len >= slot.cache_protected_len, (
+            f"streaming session prefix shrank: prefix_len={prefix_len} < "
+            f"slot.cache_protected_len={slot.cache_protected_len}")
+        self._free_tail(slot, req, prefix_len)
+        device_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :prefix_len].to(I64)
+        return device_indices, slot.virtual_node, slot.cache_protected_len
+
+    def match_prefix(self, req: Req, key) -> tuple:
+        res = self.try_match_prefix(req, key)
+        if res is not None:
+            return res
+        idx, node = self.inner.match_prefix(key)
+        return idx, node, len(idx)
+
+    # -- finish ------------------------------------------------------------------------
+    def try_cache_finished_req(self, req: Req, is_insert: bool = True, retract: bool = False) -> bool:
+        if not _is_streaming(req):
+            return False
+        session = req.session
+        session_id = session.session_id
+        slot = self.slots.get(session_id)
+        is_first = slot is None
+
+        if req.finished_reason == FINISH_ABORT:
+            if self.era == "borrow":
+                # 0.5.22+: drop the slot's lock, remove the slot without freeing; the
+                # request is then released like any request (caller's raw path).
+                if slot is not None:
+                    self.inner.dec_lock_ref(slot.last_node)
+                    del self.slots[session_id]
+                session.abort_req(req)
+                return False
+            if slot is None:
+                slot = SessionSlot(session_id, req_pool_idx=req.req_pool_idx,
+                                   kv_allocated_len=req.kv_allocated_len,
+                                   last_node=req.last_node, cache_protected_len=req.cache_protected_len)
+                if "ephemeral_slot_no_lock_node" in faults.ACTIVE:
+                    slot.last_node = None
+                self.slots[session_id] = slot
+            slot.kv_allocated_len = max(slot.kv_allocated_len, req.kv_allocated_len)
+            self.release_session(session_id)
+            req.req_pool_idx = None
+            req.lock_held = False
+            session.abort_req(req)
+            self._mark_kv_freed(req)
+            return True
+
+        if is_first:
+            slot = SessionSlot(session_id)
+            self.slots[session_id] = slot
+        finished_len = req.finished_len if req.finished_len is not None else len(req.output_ids)
+        target = len(req.origin_input_ids) + finished_len
+        self._trim_overshoot(req, finished_len)
+        slot.save_from_req(req, is_first=is_first)
+        slot.kv_committed_len = min(target, slot.kv_allocated_len)
+        if not retract or "retract_advances_checkpoint" in faults.ACTIVE:
+            session.finish_req(req)
+        self._mark_kv_freed(req)
+        return True
+
+    def cache_finished_req(self, req: Req, is_insert: bool = True, retract: bool = False) -> None:
+        if self.try_cache_finished_req(req, is_insert=is_insert, retract=retract):
+            return
+        self.inner.cache_finished_req(req, is_insert=is_insert)
+
+    # -- unfinished ----------------------------------------------------------------------
+    def try_cache_unfinished_req(self, req: Req, chunked: bool = False) -> bool:
+        if not _is_streaming(req):
+            return False
+        if chunked:
+            req.prefix_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.extend_end].to(I64).clone()
+            return True
+        if req.session.session_id in self.slots:
+            return True
+        return False
+
+    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+        if self.try_cache_unfinished_req(req, chunked=chunked):
+            return
+        self.inner.cache_unfinished_req(req, chunked=chunked)
+
+    # -- pass-through ------------------------------------------------------------------
+    def inc_lock_ref(self, node) -> None:
+        if isinstance(node, _VirtualNode):
+            return
+        self.inner.inc_lock_ref(node)
+
+    def dec_lock_ref(self, node) -> None:
+        if isinstance(node, _VirtualNode):
+            return
+        self.inner.dec_lock_ref(node)
+
+    def evict(self, num_tokens: int) -> int:
+        return self.inner.evict(num_tokens)
+
+    def evictable_size(self) -> int:
+        return self.inner.evictable_size()
+
+    def protected_size(self) -> int:
+        return self.inner.protected_size()
+
+    # -- session lifecycle ---------------------------------------------------------------
+    def release_session(self, session_id) -> None:
+        slot = self.slots.pop(session_id, None)
+        if slot is None:
+            return
+        if slot.last_node is not None and "close_skips_dec_lock" not in faults.ACTIVE:
+            self.inner.dec_lock_ref(slot.last_node)
+        if slot.is_holding_kv:
+            start, end = slot.cache_protected_len, slot.kv_allocated_len
+            if start < end:
+                kv = self.req_to_token_pool.req_to_token[slot.req_pool_idx, start:end]
+                self.token_to_kv_pool_allocator.free(kv)
+            self.req_to_token_pool.free_slots.append(slot.req_pool_idx)
+
+    def session_held_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
+        total = 0
+        for slot in self.slots.values():
+            in_batch = active_pool_idxs is not None and slot.req_pool_idx in active_pool_idxs
+            if slot.is_holding_kv and not in_batch:
+                total += ceil_align(slot.kv_allocated_len, self.page_size) - slot.cache_protected_len
+        return total
+
+    def session_held_req_count(self, active_pool_idxs: Optional[set] = None) -> int:
+        return sum(1 for s in self.slots.values()
+                   if s.is_holding_kv and not (active_pool_idxs is not None and s.req_pool_idx in active_pool_idxs))
+
+    # -- internal helpers ----------------------------------------------------------------
+    def _free_tail(self, slot: SessionSlot, req: Req, prefix_len: int) -> None:
+        self._free_kv_aligned(slot.req_pool_idx, prefix_len, slot.kv_allocated_len)
+        if "free_tail_slot_untouched" not in faults.ACTIVE:
+            slot.kv_allocated_len = prefix_len
+            slot.kv_committed_len = min(slot.kv_committed_len, prefix_len)
+        req.kv_allocated_len = prefix_len
+        req.kv_committed_len = min(req.kv_committed_len, prefix_len)
+
+    def _trim_overshoot(self, req: Req, finished_len: int) -> None:
+        target = len(req.origin_input_ids) + finished_len
+        self._free_kv_aligned(req.req_pool_idx, target, req.kv_allocated_len)
+        req.kv_allocated_len = min(req.kv_allocated_len, target)
+        req.kv_committed_len = min(req.kv_committed_len, target)
+        req.output_ids = req.output_ids[:finished_len]
+
+    def _free_kv_aligned(self, pool_idx: int, target: int, end: int) -> None:
+        if end <= target:
+            return
+        start = target
+        if self.page_size > 1 and "free_tail_unaligned" not in faults.ACTIVE:
+            start = ceil_align(start, self.page_size)
+        if start < end:
+            self.token_to_kv_pool_allocator.free(self.req_to_token_pool.req_to_token[pool_idx, start:end])
+
+    @staticmethod
+    def _mark_kv_freed(req: Req) -> None:
+        if not req.kv_committed_freed:
+            req.pop_committed_kv_cache()
+        if not req.kv_overallocated_freed:
+            req.pop_overallocated_kv_cache()
