@@ -1,0 +1,833 @@
+"""The real, published sglang KV bookkeeping driven as a kvcheck Backend.
+
+Runs INSIDE an sglang venv (adapters/sglang/make_env.sh VERSION): every pool, allocator,
+radix tree, StreamingSession, SessionSlot, Req, Session, SessionController and the
+ScheduleBatch / mem_cache.common helpers are upstream's own objects. What this file
+emulates is the scheduler glue around them (admission, chunking, decode results,
+overlap lookahead, speculative over-allocation, retraction, deferred-close reaping);
+each emulated step is a small method named after the upstream function it stands in
+for. README.md in this directory states that fidelity boundary.
+
+Two upstream API shapes are supported:
+  * "flat"   (wrapper era, 0.5.11-0.5.15 shape; tested on 0.5.15):
+             StreamingSession(RadixCache), KV fields directly on Req / SessionSlot.
+  * "borrow" (0.5.22+; tested on 0.5.23): StreamingSession owned by UnifiedRadixCache,
+             ReqKvInfo records, TreeLock, checkpoint_kv_cache / release_kv_cache(checkpoint=).
+Anything else (e.g. 0.5.16-0.5.21, whose Req carries a shared ReqKvInfo in the wrapper
+design) is refused with the entry point that is missing or unexpected.
+
+KV content: upstream stores no token ids next to its KV indices (the KV tensors are
+never computed here). The adapter keeps a shadow record `kv index -> token id` of every
+KV write the emulated forward makes (prefill chunk, decode, speculative accept,
+overlap lookahead), and clears a page's record whenever upstream's allocator frees it
+(observed by wrapping the allocator instance's `free`, which is otherwise called
+through). `abstract()` builds the content from that record with spec.abstract.build_content,
+so a token/KV mismatch produced by upstream's index bookkeeping is visible.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import types
+from array import array
+
+from spec import ops as O
+from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.config import Config, ConfigError
+from spec.pages import ceil_div, chunk_end, pages_needed_extend
+from spec.violations import Violation
+
+from adapters.sglang import shim
+
+VOCAB = 32000
+SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
+TESTED = {"0.5.15": "flat", "0.5.23": "borrow"}
+
+
+class UnsupportedRelease(RuntimeError):
+    """An installed sglang whose bookkeeping API this adapter does not know."""
+
+
+class StubCalled(RuntimeError):
+    """A stand-in module was called: real behaviour would have been replaced."""
+
+
+# ---------------------------------------------------------------------------
+# process set-up and era detection
+# ---------------------------------------------------------------------------
+
+_SETUP: dict = {}
+
+
+def installed_version() -> str:
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        raise UnsupportedRelease(
+            f"no sglang in {sys.executable}; build one with adapters/sglang/make_env.sh VERSION")
+
+
+def detect_api() -> str:
+    """'flat' | 'borrow', from the entry points the release actually has."""
+    ss = __import__("sglang.srt.session.streaming_session", fromlist=["x"])
+    common = __import__("sglang.srt.mem_cache.common", fromlist=["x"])
+    StreamingSession = getattr(ss, "StreamingSession", None)
+    if StreamingSession is None:
+        raise UnsupportedRelease("sglang.srt.session.streaming_session.StreamingSession "
+                                 "is missing (streaming sessions start in 0.5.11)")
+    if hasattr(StreamingSession, "take"):
+        for name in ("checkpoint_kv_cache", "release_kv_cache"):
+            if not hasattr(common, name):
+                raise UnsupportedRelease(f"borrow-era StreamingSession.take exists but "
+                                         f"sglang.srt.mem_cache.common.{name} is missing")
+        return "borrow"
+    slot_fields = getattr(ss.SessionSlot, "__dataclass_fields__", {})
+    if "kv" in slot_fields:
+        raise UnsupportedRelease(
+            "SessionSlot.kv (a shared ReqKvInfo, sglang 0.5.16-0.5.21) is not supported: "
+            "only the flat wrapper API (0.5.15) and the borrow API (0.5.22+) are")
+    for name in ("try_cache_finished_req", "try_match_prefix", "release_session"):
+        if not hasattr(StreamingSession, name):
+            raise UnsupportedRelease(f"wrapper-era StreamingSession.{name} is missing")
+    if not hasattr(common, "maybe_cache_unfinished_req"):
+        raise UnsupportedRelease("sglang.srt.mem_cache.common.maybe_cache_unfinished_req "
+                                 "is missing")
+    return "flat"
+
+
+def process_setup(page_size: int, spec_enabled: bool) -> dict:
+    """Import shim, global server args, single-rank stand-in. Once per process; the
+    global server args are re-published when the page size changes."""
+    if not _SETUP:
+        os.environ.setdefault("TRITON_INTERPRET", "1")   # 0.5.11-0.5.21 paged kernels
+        try:
+            import triton  # noqa: F401  (real triton present?)
+            stub_triton = False
+        except ImportError:
+            stub_triton = True
+        shim.install(stub_triton=stub_triton)
+        version = installed_version()
+        api = detect_api()
+        _SETUP.update(version=version, api=api, stub_triton=stub_triton)
+        if api == "flat":
+            # Req.set_finish_with_abort asks the TP group for the rank only to decide
+            # whether to log; a single-rank scheduler is rank 0.
+            import sglang.srt.managers.schedule_batch as sb
+            if getattr(sb, "get_tensor_model_parallel_rank", None) is not None:
+                sb.get_tensor_model_parallel_rank = lambda: 0
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+    args = ServerArgs(model_path="dummy", page_size=page_size,
+                      attention_backend="torch_native")
+    if spec_enabled:
+        # release_kv_cache asserts committed == allocated unless a speculative
+        # algorithm is configured (speculative decoding over-allocates).
+        args.speculative_algorithm = "EAGLE"
+    set_global_server_args_for_scheduler(args)
+    if _SETUP["api"] == "borrow":
+        from sglang.srt.runtime_context import get_parallel
+        get_parallel().override_permanently(tp_rank=0)
+    return dict(_SETUP)
+
+
+# ---------------------------------------------------------------------------
+# the backend
+# ---------------------------------------------------------------------------
+
+class _Live:
+    """The scheduler's knowledge of one live request (what the glue tracks)."""
+
+    def __init__(self, rid: int, req, streaming: bool, rejected: bool):
+        self.rid = rid
+        self.req = req
+        self.streaming = streaming
+        self.rejected = rejected
+        self.phase = "queued"
+        self.locked = False
+        self.batch = None
+
+
+class SglangBackend:
+    """kvcheck Backend over the installed sglang release (see module docstring)."""
+
+    def __init__(self, cfg: Config, expect_version: str | None = None) -> None:
+        self.cfg = cfg
+        info = process_setup(cfg.page_size, cfg.spec_enabled)
+        self.version, self.api = info["version"], info["api"]
+        if expect_version and expect_version != self.version:
+            raise UnsupportedRelease(f"sglang {self.version} is installed here, "
+                                     f"{expect_version} was asked for")
+        era = "wrapper" if self.api == "flat" else "borrow"
+        if cfg.era != era:
+            raise ConfigError(f"config.era is {cfg.era!r} but sglang {self.version} is a "
+                              f"{era}-era release; run this trace with era={era!r}")
+        self.name = f"sglang-{self.version}"
+        self.P = cfg.page_size
+        self.shadow: dict[int, int] = {}     # kv index -> token id whose KV was written
+        self.live: dict[int, _Live] = {}
+        self.clock = 0.0
+        self._build()
+        shim.arm()
+
+    # -- construction ----------------------------------------------------------
+
+    def _build(self) -> None:
+        import torch
+        from sglang.srt.mem_cache.allocator import (PagedTokenToKVPoolAllocator,
+                                                    TokenToKVPoolAllocator)
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+        from sglang.srt.session.session_controller import SessionController
+
+        cfg, P = self.cfg, self.P
+        self.pool = ReqToTokenPool(size=cfg.num_rows, max_context_len=cfg.max_context_len,
+                                   device="cpu", enable_memory_saver=False)
+        size = cfg.num_pages * P
+        # kvcache=None: the allocators only keep the handle; no KV tensor is computed.
+        if P == 1:   # what production uses for page_size 1
+            self.alloc = TokenToKVPoolAllocator(size=size, dtype=torch.bfloat16,
+                                                device="cpu", kvcache=None, need_sort=False)
+        else:
+            self.alloc = PagedTokenToKVPoolAllocator(size=size, page_size=P,
+                                                     dtype=torch.bfloat16, device="cpu",
+                                                     kvcache=None, need_sort=False)
+        self._observe_free()
+        if self.api == "flat":
+            from sglang.srt.mem_cache.radix_cache import RadixCache
+            from sglang.srt.session.streaming_session import StreamingSession
+            params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
+                                     token_to_kv_pool_allocator=self.alloc, page_size=P)
+            # 0.5.15 production with --enable-streaming-session: the wrapper.
+            self.cache = StreamingSession(RadixCache(params))
+            self.tree = self.cache.inner
+            self.sess_obj = self.cache
+        else:
+            from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+            from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+            params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
+                                     token_to_kv_pool_allocator=self.alloc, page_size=P,
+                                     tree_components=(ComponentType.FULL,),
+                                     tree_core_backend="python")
+            self.cache = UnifiedRadixCache(params)
+            self.tree = self.cache
+            self.sess_obj = self.cache.session
+        self.ctrl = SessionController(self.cache)
+        self.model_config = types.SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False)
+
+    def _observe_free(self) -> None:
+        """Clear the shadow content of every page upstream's allocator frees."""
+        real_free = self.alloc.free
+        P = self.P
+        shadow = self.shadow
+
+        def free(free_index):
+            if free_index is not None and free_index.numel() > 0:
+                for page in set((free_index.to("cpu").long() // P).tolist()):
+                    for o in range(P):
+                        shadow.pop(page * P + o, None)
+            return real_free(free_index)
+
+        self.alloc.free = free
+
+    # -- small upstream-named helpers ---------------------------------------------
+
+    def _sid(self, sid: int) -> str:
+        return str(sid)
+
+    def _row(self, req):
+        return req.req_pool_idx if self.api == "flat" else req.kv.req_pool_idx
+
+    def _lens(self, req):
+        """(committed, allocated, protected) of a request."""
+        if self.api == "flat":
+            return req.kv_committed_len, req.kv_allocated_len, req.cache_protected_len
+        kv = req.kv
+        return kv.kv_committed_len, kv.kv_allocated_len, kv.cache_protected_len
+
+    def _prefix_len(self, req) -> int:
+        return len(req.prefix_indices) if self.api == "flat" else req.prefix_len
+
+    def _write_shadow(self, req, start: int, end: int) -> None:
+        """The emulated forward writes the KV of fill_ids[i] at row position i."""
+        if end <= start:
+            return
+        fill = list(req.origin_input_ids) + list(req.output_ids)
+        row = self._row(req)
+        idx = self.pool.req_to_token[row, start:end].tolist()
+        for i, kv in zip(range(start, end), idx):
+            self.shadow[int(kv)] = fill[i]
+
+    def _sampling(self, max_new: int):
+        from sglang.srt.sampling.sampling_params import SamplingParams
+        sp = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+        sp.normalize(None)
+        return sp
+
+    def _tokenized(self, rid: int, tokens, max_new: int, sid: int | None):
+        from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
+        return TokenizedGenerateReqInput(
+            rid=str(rid), input_text=None, input_ids=array("q", tokens), input_embeds=None,
+            mm_inputs=None, token_type_ids=None, sampling_params=self._sampling(max_new),
+            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            token_ids_logprob=None, stream=False,
+            session_params=None if sid is None else SessionParams(id=self._sid(sid)))
+
+    def _evict_from_tree_cache(self, n: int) -> None:
+        from sglang.srt.mem_cache.common import evict_from_tree_cache
+        evict_from_tree_cache(self.cache, n)
+
+    def _can_alloc_extend(self, prefix: int, end: int) -> bool:
+        """alloc_for_extend's eviction (the real evict_from_tree_cache, with upstream's
+        over-estimate: +P for paged), then whether the allocator can serve it."""
+        n = end - prefix
+        self._evict_from_tree_cache(n if self.P == 1 else n + self.P)
+        return pages_needed_extend(prefix, end, self.P) * self.P <= self.alloc.available_size()
+
+    def _can_alloc_decode(self, pos: int) -> bool:
+        self._evict_from_tree_cache(self.P)
+        return pos % self.P != 0 or self.alloc.available_size() >= self.P
+
+    def _maybe_reap(self) -> None:
+        """Scheduler loop: SessionController.maybe_reap (its once-a-second gate is
+        advanced by a fake clock so it runs after every op)."""
+        self.clock += 10.0
+        self.ctrl.maybe_reap(self.clock)
+
+    # -- the Backend protocol ---------------------------------------------------------
+
+    def apply(self, op: O.Op) -> str:
+        handler = getattr(self, "_op_" + op.name)
+        out = handler(op)
+        self._maybe_reap()
+        called = shim.calls()
+        if called:
+            raise StubCalled(f"calls into stand-in modules: {called}")
+        return out
+
+    def close(self) -> None:
+        pass
+
+    # -- operations ----------------------------------------------------------------
+
+    def _op_open_session(self, op):
+        from sglang.srt.managers.io_struct import OpenSessionReqInput
+        out = self.ctrl.open(OpenSessionReqInput(capacity_of_str_len=1 << 20,
+                                                 session_id=self._sid(op.sid), streaming=True))
+        if not out.success:
+            raise RuntimeError(f"SessionController.open({op.sid}) refused")
+        return "ok"
+
+    def _op_submit_turn(self, op):
+        """Scheduler.handle_generate_request, session branch."""
+        sid = self._sid(op.sid)
+        t = self._tokenized(op.rid, op.new_tokens, op.max_new_tokens, op.sid)
+        session = self.ctrl.get(sid)
+        if session is not None and not session.close_on_finish:
+            req = session.create_req(t, tokenizer=None, vocab_size=VOCAB)
+            stub = req.to_finish is not None
+            self.live[op.rid] = _Live(op.rid, req, streaming=True, rejected=stub)
+            return "stub" if stub else "ok"
+        # session closing (or unknown): a plain Req aborted at once, no session attached
+        from sglang.srt.managers.schedule_batch import Req
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
+        req.tokenizer = None
+        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}")
+        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
+        return "stub"
+
+    def _op_submit_request(self, op):
+        from sglang.srt.managers.schedule_batch import Req
+        t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None)
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
+        req.tokenizer = None
+        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
+        return "ok"
+
+    def _op_schedule(self, op):
+        """get_new_batch_prefill for one waiting request: match, PrefillAdder admission
+        (persistent lock, row and KV budget), then prepare_for_extend of the first chunk."""
+        L = self.live[op.rid]
+        req = L.req
+        req.init_next_round_input(self.cache)                 # match_prefix
+        prefix = self._prefix_len(req)
+        if not op.admit:
+            return "rejected"
+        input_len = len(req.origin_input_ids) + len(req.output_ids)
+        end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
+        self._lock(L)                                         # _req_inc_lock_ref
+        no_row = self._row(req) is None and self.pool.available_size() == 0
+        need = pages_needed_extend(prefix, end, self.P) * self.P
+        if no_row or need > self.alloc.available_size() + self.cache.evictable_size():
+            self._unlock(L)
+            return "rejected"
+        self._extend(L, prefix, end)
+        L.phase = "prefill"
+        if end == input_len:
+            self._prefill_result(L)
+        return "ok"
+
+    def _op_prefill_chunk(self, op):
+        """The chunked request's next round: cache_unfinished_req(chunked=True), then
+        init_next_round_input() (no re-match) and the next chunk's prepare_for_extend."""
+        L = self.live[op.rid]
+        req = L.req
+        self._cache_unfinished(L, chunked=True)
+        if self.api == "flat":
+            req.init_next_round_input()
+        prefix = self._chunk_prefix(L)
+        input_len = len(req.origin_input_ids) + len(req.output_ids)
+        end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
+        if not self._can_alloc_extend(prefix, end):
+            return "oom"
+        self._extend(L, prefix, end)
+        if end == input_len:
+            self._prefill_result(L)
+        return "ok"
+
+    def _op_decode(self, op):
+        """prepare_for_decode (alloc_for_decode of the last sampled token's slot), the
+        forward writes that token's KV, then the result appends the sampled token."""
+        L = self.live[op.rid]
+        req = L.req
+        pos = self._lens(req)[0]
+        if not self._can_alloc_decode(pos):
+            return "oom"
+        self._prepare_for_decode(L)
+        self._write_shadow(req, pos, pos + 1)
+        req.output_ids.append(op.token)
+        return "ok"
+
+    def _op_spec_decode(self, op):
+        """Emulated speculative step (the fidelity boundary: upstream's EAGLE worker is
+        not run): over-allocate [allocated, committed + 2*(drafts+1)) like an extend,
+        then accept `accepted` drafts plus the bonus token."""
+        L = self.live[op.rid]
+        req = L.req
+        committed, allocated, _ = self._lens(req)
+        need = committed + 2 * (op.drafts + 1)
+        if need > allocated:
+            if not self._can_alloc_extend(allocated, need):
+                return "oom"
+            self._alloc_range(req, allocated, need)
+            self._set_lens(req, allocated=need)
+        req.output_ids.extend([op.token] * (op.accepted + 1))
+        self._set_lens(req, committed=committed + op.accepted + 1)
+        self._write_shadow(req, committed, committed + op.accepted + 1)
+        return "ok"
+
+    def _op_finish(self, op):
+        """process_batch_result_decode for a finished request: the finish reason, then
+        release_kv_cache."""
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN
+        L = self.live[op.rid]
+        req = L.req
+        self._lookahead(L)
+        max_new = req.sampling_params.max_new_tokens
+        if len(req.output_ids) >= max_new:
+            req.finished_reason = FINISH_LENGTH(length=max_new)
+        else:
+            req.finished_reason = FINISH_MATCHED_TOKEN(matched=req.output_ids[-1])
+        req.finished_len = min(len(req.output_ids), max_new)
+        self._release(L)
+        return "ok"
+
+    def _op_abort_queued(self, op):
+        """Scheduler.abort_request, waiting-queue branch: the request is popped."""
+        L = self.live.pop(op.rid)
+        if self.api == "borrow":
+            self._abort_queued_borrow(L)
+        return "ok"
+
+    def _op_pre_abort(self, op):
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        self.live[op.rid].req.to_finish = FINISH_ABORT()
+        return "ok"
+
+    def _op_abort_running(self, op):
+        """abort_request on a running request: to_finish, promoted by
+        update_finish_state at result processing, then release_kv_cache."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        L = self.live[op.rid]
+        L.req.to_finish = FINISH_ABORT()
+        L.req.update_finish_state()
+        self._release(L)
+        return "ok"
+
+    def _op_retract(self, op):
+        """ScheduleBatch.retract_decode for one request: release_req (the real
+        module-level function: release_kv_cache(is_insert=False), evict,
+        reset_for_retract); the request goes back to the waiting queue."""
+        L = self.live[op.rid]
+        self._lookahead(L)
+        self._release_req(L)
+        L.phase = "queued"
+        L.locked = False
+        L.batch = None
+        return "ok"
+
+    def _op_close_session(self, op):
+        from sglang.srt.managers.io_struct import CloseSessionReqInput
+        sid = self._sid(op.sid)
+        self.ctrl.close(CloseSessionReqInput(session_id=sid))
+        s = self.ctrl.get(sid)
+        return "deferred" if s is not None and s.close_on_finish else "ok"
+
+    def _op_evict(self, op):
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        self.cache.evict(EvictParams(num_tokens=op.num_tokens))
+        return "ok"
+
+    # -- era-specific glue -------------------------------------------------------------
+
+    def _lock(self, L) -> None:
+        req = L.req
+        if self.api == "flat":
+            self.cache.inc_lock_ref(req.last_node)
+        else:
+            req.lock = self.cache.lock(req.last_node)
+        L.locked = True
+
+    def _unlock(self, L) -> None:
+        req = L.req
+        if self.api == "flat":
+            self.cache.dec_lock_ref(req.last_node)
+        else:
+            lock = req.lock
+            req.lock = None
+            if lock is not None:
+                lock.release() if hasattr(lock, "release") else self.cache.unlock(lock)
+        L.locked = False
+
+    def _extend(self, L, prefix: int, end: int) -> None:
+        """set_extend_range / extend_end, then ScheduleBatch.prepare_for_extend
+        (alloc_for_extend: row, evict, allocator, write_cache_indices)."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        req = L.req
+        if self.api == "flat":
+            req.set_extend_range(prefix, end)
+        else:
+            req.extend_end = end
+        batch = ScheduleBatch.init_new([req], self.pool, self.alloc, self.cache,
+                                       self.model_config, False, SpeculativeAlgorithm.NONE)
+        batch.prepare_for_extend()
+        L.batch = batch
+        self._write_shadow(req, prefix, end)
+
+    def _chunk_prefix(self, L) -> int:
+        return self._prefix_len(L.req)
+
+    def _prefill_result(self, L) -> None:
+        """process_batch_result_prefill: a pre-aborted request finishes here; otherwise
+        one token is sampled and the prompt is cached (cache_unfinished_req)."""
+        req = L.req
+        if req.to_finish is not None:
+            req.update_finish_state()
+            self._release(L)
+            return
+        req.output_ids.append(SAMPLED_TOKEN)
+        self._cache_unfinished(L, chunked=False)
+        L.phase = "decode"
+
+    def _cache_unfinished(self, L, chunked: bool) -> None:
+        from sglang.srt.mem_cache import common
+        if self.api == "flat":
+            if chunked:
+                common.maybe_cache_unfinished_req(L.req, self.cache, chunked=True)
+            else:
+                common.maybe_cache_unfinished_req(L.req, self.cache)
+        else:
+            common.checkpoint_kv_cache(L.req, self.cache)
+
+    def _release(self, L) -> None:
+        """release_kv_cache; the request leaves the scheduler."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+        if self.api == "flat":
+            release_kv_cache(L.req, self.cache)
+        else:
+            release_kv_cache(L.req, self.cache, checkpoint=True)
+        L.locked = False
+        self.live.pop(L.rid, None)
+
+    def _release_req(self, L) -> None:
+        from sglang.srt.managers import schedule_batch as sb
+        from sglang.srt.server_args import get_global_server_args
+        kwargs = dict(req=L.req, remaing_req_count=0, server_args=get_global_server_args(),
+                      req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
+                      tree_cache=self.cache)
+        import inspect
+        if "hisparse_coordinator" in inspect.signature(sb.release_req).parameters:
+            kwargs["hisparse_coordinator"] = None
+        sb.release_req(**kwargs)
+
+    def _abort_queued_borrow(self, L) -> None:
+        pass
+
+    def _set_lens(self, req, committed=None, allocated=None) -> None:
+        target = req if self.api == "flat" else req.kv
+        if committed is not None:
+            target.kv_committed_len = committed
+        if allocated is not None:
+            target.kv_allocated_len = allocated
+
+    def _sync_batch(self, L) -> None:
+        """The scheduler's merge/filter keeps the running batch's per-request tensors in
+        step with the request; one batch per request here, so re-derive them."""
+        import torch
+        b, req = L.batch, L.req
+        committed = self._lens(req)[0]
+        b.seq_lens = torch.tensor([committed], dtype=torch.int64)
+        b.seq_lens_cpu = torch.tensor([committed], dtype=torch.int64)
+        b.orig_seq_lens = torch.tensor([committed], dtype=torch.int32)
+        b.req_pool_indices = torch.tensor([self._row(req)], dtype=torch.int64)
+        if hasattr(b, "req_pool_indices_cpu"):
+            b.req_pool_indices_cpu = torch.tensor([self._row(req)], dtype=torch.int64)
+
+    def _prepare_for_decode(self, L) -> None:
+        self._sync_batch(L)
+        L.batch.prepare_for_decode()
+
+    def _alloc_range(self, req, start: int, end: int) -> None:
+        """Allocate row positions [start, end) with upstream's helpers (alloc_token_slots
+        / alloc_paged_token_slots_extend) and write them into req_to_token."""
+        import torch
+        from sglang.srt.mem_cache import common
+        row = self._row(req)
+        n = end - start
+        if self.P == 1:
+            out = common.alloc_token_slots(self.cache, n)
+        else:
+            last = self.pool.req_to_token[row, start - 1:start].to(torch.int64) if start > 0 \
+                else torch.tensor([-1], dtype=torch.int64)
+            pl = torch.tensor([start], dtype=torch.int64)
+            sl = torch.tensor([end], dtype=torch.int64)
+            out = common.alloc_paged_token_slots_extend(
+                tree_cache=self.cache, prefix_lens=pl, prefix_lens_cpu=pl, seq_lens=sl,
+                seq_lens_cpu=sl, last_loc=last, extend_num_tokens=n)
+        self.pool.write((row, slice(start, end)), out.to(torch.int32))
+
+    def _lookahead(self, L) -> None:
+        """Overlap scheduling (and a speculative verify in flight): the step after the
+        last one is already prepared, so the last token's KV exists at finish/retract."""
+        req = L.req
+        if not (self.cfg.overlap or self.cfg.spec_enabled):
+            return
+        committed, allocated, _ = self._lens(req)
+        seqlen = len(req.origin_input_ids) + len(req.output_ids)
+        if committed >= seqlen:
+            return
+        if committed >= allocated:
+            if not self._can_alloc_decode(committed):
+                return
+            self._prepare_for_decode(L)
+        else:
+            self._set_lens(req, committed=committed + 1)
+        self._write_shadow(req, committed, committed + 1)
+
+    # -- observation ------------------------------------------------------------------
+
+    def _slots(self) -> dict:
+        if self.api == "flat":
+            return self.sess_obj.slots
+        return self.sess_obj.slots
+
+    def _slot_kv(self, slot):
+        """(row, committed, allocated, protected, last_node) of a session slot."""
+        if self.api == "flat":
+            return (slot.req_pool_idx, slot.kv_committed_len, slot.kv_allocated_len,
+                    slot.cache_protected_len, slot.last_node)
+        kv = slot.kv
+        return (kv.req_pool_idx if kv.holds_kv else None, kv.kv_committed_len,
+                kv.kv_allocated_len, kv.cache_protected_len, self._slot_anchor_node(slot))
+
+    def _slot_anchor_node(self, slot):
+        lock = getattr(slot, "lock", None)
+        return getattr(lock, "node", None) if lock is not None else None
+
+    def _free_page_census(self) -> list:
+        import torch
+        if hasattr(self.alloc, "get_all_free_pages"):
+            t = self.alloc.get_all_free_pages()
+        else:
+            parts = [self.alloc.free_pages]
+            rel = getattr(self.alloc, "release_pages", None)
+            if rel is not None and len(rel):
+                parts.append(rel)
+            t = torch.cat(parts)
+        return [int(x) for x in t.tolist()]
+
+    def _node_views(self) -> tuple[list, dict]:
+        P = self.P
+        root = self.tree.root_node
+        out, paths = [], {id(root): ()}
+        stack = [root]
+        while stack:
+            n = stack.pop()
+            for child in n.children.values():
+                key = tuple(int(t) for t in child.key.raw_token_ids()) \
+                    if hasattr(child.key, "raw_token_ids") else tuple(child.key)
+                path = paths[id(n)] + key
+                paths[id(child)] = path
+                vals = child.value.tolist() if child.value is not None else []
+                pages = tuple(int(vals[i]) // P for i in range(0, len(vals), P))
+                out.append(NodeView(path=path, parent=paths[id(n)], pages=pages,
+                                    lock_ref=int(child.lock_ref)))
+                stack.append(child)
+        out.sort(key=lambda v: v.path)
+        return out, paths
+
+    def _anchor(self, node, paths: dict, sid_hint):
+        if node is None:
+            return None
+        if node is self.tree.root_node:
+            return ("root",)
+        if id(node) in paths:
+            return ("node", paths[id(node)])
+        for sid, slot in self._slots().items():
+            if getattr(slot, "virtual_node", None) is node:
+                return ("virtual", int(sid))
+        if type(node).__name__ == "_VirtualNode" or getattr(self.cache, "is_virtual_node",
+                                                            lambda n: False)(node):
+            return ("virtual", sid_hint)
+        return ("detached", type(node).__name__)
+
+    def _row_pages(self, row, allocated: int) -> tuple:
+        if row is None:
+            return ()
+        P = self.P
+        vals = self.pool.req_to_token[row, : ceil_div(allocated, P) * P].tolist()
+        out = []
+        for k in range(ceil_div(allocated, P)):
+            page = int(vals[k * P]) // P
+            out.append(None if page == 0 else page)
+        return tuple(out)
+
+    def _session_views(self) -> list:
+        out = []
+        for sid, s in sorted(self.ctrl.sessions.items(), key=lambda kv: int(kv[0])):
+            checkpoint = ()
+            if s.req_nodes:
+                [node] = s.req_nodes.values()
+                last = node.req
+                olen = s.committed_origin_len
+                origin = list(last.origin_input_ids)
+                if olen is not None:
+                    origin = origin[:olen]
+                checkpoint = tuple(origin) + tuple(
+                    last.output_ids[: last.sampling_params.max_new_tokens])
+            inflight = bool(getattr(s, "_inflight", False)) if hasattr(s, "_inflight") \
+                else getattr(s, "_inflight_req", None) is not None
+            out.append(SessionView(sid=int(sid), inflight=inflight,
+                                   checkpoint=tuple(int(t) for t in checkpoint),
+                                   close_pending=bool(s.close_on_finish)))
+        return out
+
+    def abstract(self) -> AbstractState:
+        cfg = self.cfg
+        nodes, paths = self._node_views()
+        reqs = []
+        for rid in sorted(self.live):
+            L = self.live[rid]
+            req = L.req
+            committed, allocated, protected = self._lens(req)
+            row = self._row(req)
+            session = req.session
+            sid = int(session.session_id) if session is not None else None
+            reqs.append(ReqView(
+                rid=rid, session=sid, streaming=L.streaming, rejected=L.rejected,
+                phase=L.phase,
+                fill_ids=tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids)),
+                origin_len=len(req.origin_input_ids),
+                max_new_tokens=req.sampling_params.max_new_tokens, row=row,
+                committed=committed, allocated=allocated, protected=protected,
+                anchor=self._anchor(req.last_node, paths, sid), locked=L.locked,
+                to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
+                committed_freed=bool(self._flag(req, "kv_committed_freed")),
+                overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
+                row_pages=self._row_pages(row, allocated)))
+        slots = []
+        for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):
+            row, committed, allocated, protected, last_node = self._slot_kv(slot)
+            slots.append(SlotView(sid=int(sid), row=row, committed=committed,
+                                  allocated=allocated, protected=protected,
+                                  last_node=self._anchor(last_node, paths, int(sid)),
+                                  row_pages=self._row_pages(row, allocated)))
+        P = self.P
+
+        def read(page, offset):
+            return self.shadow.get(page * P + offset)
+
+        return AbstractState(
+            page_size=P, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
+            free_pages=tuple(sorted(self._free_page_census())),
+            free_rows=tuple(sorted(int(r) for r in self.pool.free_slots)),
+            nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots),
+            sessions=tuple(self._session_views()),
+            evictable_size=int(self.cache.evictable_size()),
+            protected_size=int(self.cache.protected_size()),
+            content=build_content(P, nodes, reqs, slots, read))
+
+    def _flag(self, req, name):
+        return getattr(req, name) if self.api == "flat" else getattr(req.kv, name, False)
+
+    def concrete_violations(self) -> list[Violation]:
+        """What only the concrete tensors show: C1 a free page still referenced by a
+        live row range or tree node; C2 a duplicate in the free census; C3 row/page
+        congruence (index % P == position % P, one page per row-page); C4 page 0 (the
+        reserved dummy) handed out; C5 a row both free and held."""
+        P = self.P
+        out: list[Violation] = []
+        free = self._free_page_census()
+        seen, dups = set(), set()
+        for p in free:
+            (dups if p in seen else seen).add(p)
+        for p in sorted(dups):
+            out.append(Violation("C2", "duplicate free page", f"page {p} is in the free "
+                                 f"census {free.count(p)} times", owner="allocator", page=p))
+        owners = []
+        for rid, L in self.live.items():
+            committed, allocated, _ = self._lens(L.req)
+            owners.append((f"req {rid}", self._row(L.req), allocated))
+        for sid, slot in self._slots().items():
+            row, _, allocated, _, _ = self._slot_kv(slot)
+            owners.append((f"slot of session {sid}", row, allocated))
+        held_rows = set()
+        for who, row, allocated in owners:
+            if row is None:
+                continue
+            held_rows.add((who, row))
+            vals = [int(v) for v in self.pool.req_to_token[row, :allocated].tolist()]
+            for i, v in enumerate(vals):
+                page = v // P
+                if page == 0:
+                    out.append(Violation("C4", "reserved page handed out",
+                                         f"row {row} position {i} holds KV index {v}",
+                                         owner=who, page=0))
+                    break
+                if page in seen:
+                    out.append(Violation("C1", "free page still owned",
+                                         f"row {row} position {i} -> page {page} is free",
+                                         owner=who, page=page))
+                    break
+                if v % P != i % P or page != vals[i - i % P] // P:
+                    out.append(Violation("C3", "row/page congruence",
+                                         f"row {row} position {i} -> KV index {v}",
+                                         owner=who, page=page))
+                    break
+        stack = [self.tree.root_node]
+        while stack:
+            n = stack.pop()
+            for c in n.children.values():
+                stack.append(c)
+                for v in (c.value.tolist() if c.value is not None else []):
+                    if int(v) // P in seen:
+                        out.append(Violation("C1", "free page still owned",
+                                             f"tree node holds KV index {int(v)}",
+                                             owner="tree node", page=int(v) // P))
+                        break
+        free_rows = set(int(r) for r in self.pool.free_slots)
+        for who, row in sorted(held_rows, key=repr):
+            if row in free_rows:
+                out.append(Violation("C5", "row both free and held",
+                                     f"row {row} is in free_slots", owner=who))
+        return out
