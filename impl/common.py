@@ -37,25 +37,46 @@ def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.T
         return torch.empty(0, dtype=I64, device=sched.device)
     if P == 1:
         evict_from_tree_cache(sched.tree_cache, alloc, n)
-        return alloc.alloc(n)
+        out = alloc.alloc(n)
+        if out is not None:
+            _mark_fresh(sched, out)
+        return out
     evict_from_tree_cache(sched.tree_cache, alloc, n + P)
     last_loc = int(sched.req_to_token_pool.req_to_token[row, start - 1].item()) if start > 0 else -1
     dev = sched.device
-    return alloc.alloc_extend(torch.tensor([start], dtype=I64, device=dev),
-                              torch.tensor([end], dtype=I64, device=dev),
-                              torch.tensor([last_loc], dtype=I64, device=dev), n)
+    out = alloc.alloc_extend(torch.tensor([start], dtype=I64, device=dev),
+                             torch.tensor([end], dtype=I64, device=dev),
+                             torch.tensor([last_loc], dtype=I64, device=dev), n)
+    if out is not None:
+        _mark_fresh(sched, out[max(0, ceil_align(start, P) - start):])
+    return out
 
 
-def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> None:
+def _mark_fresh(sched, new_loc: torch.Tensor) -> None:
+    """Pages just taken from the free list hold no valid KV yet (forget stale tokens)."""
+    if new_loc.numel() == 0:
+        return
+    P = sched.page_size
+    pages = torch.unique(new_loc.to(I64) // P)
+    idx = (pages[:, None] * P + torch.arange(P, dtype=I64, device=new_loc.device)).reshape(-1)
+    sched.kv_buffer.token_of[idx] = -1
+
+
+def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> bool:
     """Row (kept when held), then KV for [prefix_len, end); write_cache_indices; the
-    forward writes the KV of fill_ids[prefix_len:end]; committed = allocated = end."""
+    forward writes the KV of fill_ids[prefix_len:end]; committed = allocated = end.
+    False when KV is short after eviction (the row, if newly taken, is returned)."""
     pool = sched.req_to_token_pool
+    had_row = req.req_pool_idx is not None
     if pool.alloc([req]) is None:
         raise RuntimeError(f"req {req.rid}: no row in req_to_token_pool")
     row = req.req_pool_idx
     out = alloc_token_range(sched, row, prefix_len, end)
     if out is None:
-        raise RuntimeError(f"req {req.rid}: out of KV memory for [{prefix_len}, {end})")
+        if not had_row:
+            pool.free_slots.insert(0, row)
+            req.req_pool_idx = None
+        return False
     if prefix_len > 0 and req.prefix_indices is not None:
         pool.write(row, 0, req.prefix_indices[:prefix_len])
     pool.write(row, prefix_len, out)
@@ -63,20 +84,11 @@ def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> None:
     req.kv_committed_len = end
     req.kv_allocated_len = end
     req.extend_end = end
+    return True
 
 
 def decode_needs_alloc(sched, req: Req) -> bool:
     return req.kv_committed_len >= req.kv_allocated_len
-
-
-def decode_feasible(sched, req: Req) -> bool:
-    """Whether alloc_for_decode for position committed can succeed after eviction."""
-    if not decode_needs_alloc(sched, req):
-        return True
-    P = sched.page_size
-    if req.kv_committed_len % P != 0:
-        return True
-    return sched.token_to_kv_pool_allocator.available_size() + sched.tree_cache.evictable_size() >= P
 
 
 def check_decode_mem(sched, req: Req) -> bool:
@@ -94,8 +106,7 @@ def alloc_for_decode(sched, req: Req) -> Optional[int]:
     P = sched.page_size
     pos = req.kv_committed_len
     row = req.req_pool_idx
-    if pos % P == 0:
-        evict_from_tree_cache(sched.tree_cache, alloc, P)
+    evict_from_tree_cache(sched.tree_cache, alloc, P)
     if P == 1:
         out = alloc.alloc(1)
     else:
@@ -105,6 +116,8 @@ def alloc_for_decode(sched, req: Req) -> Optional[int]:
                                  torch.tensor([last_loc], dtype=I64, device=dev))
     if out is None:
         return None
+    if pos % P == 0:
+        _mark_fresh(sched, out)
     sched.req_to_token_pool.write(row, pos, out)
     return int(out[0].item())
 

@@ -231,5 +231,6 @@ class RadixCache:
         else:
             self.token_to_kv_pool_allocator.free(kv[protected:n_keys])
         self.token_to_kv_pool_allocator.free(kv[n_keys:])
-        self.dec_lock_ref(req.last_node)
-        req.lock_held = False
+        if req.lock_held:
+            self.dec_lock_ref(req.last_node)
+            req.lock_held = False

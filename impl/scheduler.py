@@ -80,20 +80,18 @@ class Scheduler:
         self.kv_buffer.set_kv_buffer(loc, req.fill_ids[start:end])
 
     def _overlap_lookahead(self, req: Req) -> None:
-        """Overlap scheduler: the step after the last one is already prepared."""
-        if not self.overlap:
+        """Overlap scheduler (and a speculative verify in flight): the step after the
+        last one is already prepared, so the last token's KV exists at finish/retract
+        (committed == seqlen). Skipped when memory is short."""
+        if not (self.overlap or self.spec_enabled) or req.kv_committed_len >= req.seqlen:
             return
-        if req.kv_committed_len == req.kv_allocated_len:
-            if not common.decode_feasible(self, req):
-                return
+        pos = req.kv_committed_len
+        if pos >= req.kv_allocated_len:
             if common.alloc_for_decode(self, req) is None:
                 return
-            self._write_kv(req, req.kv_committed_len, req.kv_committed_len + 1)
-            req.kv_committed_len += 1
-            req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
-        elif req.kv_committed_len < req.kv_allocated_len:
-            self._write_kv(req, req.kv_committed_len, req.kv_committed_len + 1)
-            req.kv_committed_len += 1
+            req.kv_allocated_len = pos + 1
+        self._write_kv(req, pos, pos + 1)
+        req.kv_committed_len = pos + 1
 
     # -- operations ---------------------------------------------------------------------
     def open_session(self, sid: int) -> str:
@@ -138,7 +136,9 @@ class Scheduler:
             self.tree_cache.dec_lock_ref(last_node)
             return "rejected"
         req.lock_held = True
-        common.alloc_for_extend(self, req, prefix_len, end)
+        req.is_retracted = False
+        if not common.alloc_for_extend(self, req, prefix_len, end):
+            raise RuntimeError(f"req {rid}: alloc_for_extend failed after admission")
         req.phase = "prefill"
         if end < input_len:
             req.inflight_middle_chunks = 1
@@ -163,10 +163,10 @@ class Scheduler:
         input_len = len(req.fill_ids)
         start = req.kv_committed_len
         end = chunk_end(start, input_len, self.chunk_size, self.page_size)
-        if not self._extend_fits(start, end):
-            return "oom"
         self.tree_cache.cache_unfinished_req(req, chunked=True)
-        common.alloc_for_extend(self, req, start, end)
+        req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
+        if not common.alloc_for_extend(self, req, start, end):
+            return "oom"
         if end >= input_len:
             self._prefill_done(req)
         return "ok"
@@ -190,8 +190,6 @@ class Scheduler:
         need = req.kv_committed_len + 2 * (drafts + 1)
         if need > req.kv_allocated_len:
             start = req.kv_allocated_len
-            if not self._extend_fits(start, need):
-                return "oom"
             out = common.alloc_token_range(self, req.req_pool_idx, start, need)
             if out is None:
                 return "oom"
@@ -217,10 +215,11 @@ class Scheduler:
         req = self._req(rid, "queued")
         session = req.session
         if session is not None and session.streaming:
+            if req.is_retracted and session._inflight is req:
+                # FIX(H4) follow-up: the partial turn parked in the slot goes too
+                self.tree_cache.release_session(session.session_id)
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
-            if req.is_retracted:
-                self.tree_cache.release_session(session.session_id)
         self._retire(req, session)
         return "ok"
 

@@ -120,20 +120,14 @@ class StreamingSession:
     def try_cache_finished_req(self, req: Req, is_insert: bool = True, retract: bool = False) -> bool:
         if not _is_streaming(req):
             return False
+        if self.era == "borrow" and req.finished_reason == FINISH_ABORT:
+            return self._borrow_abort(req)
         session = req.session
         session_id = session.session_id
         slot = self.slots.get(session_id)
         is_first = slot is None
 
         if req.finished_reason == FINISH_ABORT:
-            if self.era == "borrow":
-                # 0.5.22+: drop the slot's lock, remove the slot without freeing; the
-                # request is then released like any request (caller's raw path).
-                if slot is not None:
-                    self.inner.dec_lock_ref(slot.last_node)
-                    del self.slots[session_id]
-                session.abort_req(req)
-                return False
             if slot is None:
                 slot = SessionSlot(session_id, req_pool_idx=req.req_pool_idx,
                                    kv_allocated_len=req.kv_allocated_len,
@@ -161,6 +155,18 @@ class StreamingSession:
             session.finish_req(req)
         self._mark_kv_freed(req)
         return True
+
+    def _borrow_abort(self, req: Req) -> bool:
+        """Borrow era (0.5.22+) mid-abort: drop the slot's lock and remove the slot
+        without freeing; the request is then released like any request (the caller's
+        raw path: insert, duplicate and tail frees, overallocation, row)."""
+        session = req.session
+        slot = self.slots.pop(session.session_id, None)
+        if slot is not None:
+            self.inner.dec_lock_ref(slot.last_node)
+        session.abort_req(req)
+        req.session = None
+        return False
 
     def cache_finished_req(self, req: Req, is_insert: bool = True, retract: bool = False) -> None:
         if self.try_cache_finished_req(req, is_insert=is_insert, retract=retract):
