@@ -191,6 +191,10 @@ class SglangBackend:
             self.alloc = PagedTokenToKVPoolAllocator(size=size, page_size=P,
                                                      dtype=torch.bfloat16, device="cpu",
                                                      kvcache=None, need_sort=False)
+        # upstream keeps row 0 as a padding row: rows 1..N are handed out. The abstract
+        # state numbers rows 0..N-1 (row ids are compared up to renaming anyway, but
+        # the row-conservation invariant counts 0..num_rows-1).
+        self.row_base = min(int(r) for r in self.pool.free_slots)
         self._observe_free()
         if self.api == "flat":
             from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -255,7 +259,9 @@ class SglangBackend:
         row = self._row(req)
         idx = self.pool.req_to_token[row, start:end].tolist()
         for i, kv in zip(range(start, end), idx):
-            self.shadow[int(kv)] = fill[i]
+            # -1: the request's own token arrays no longer reach position i (upstream
+            # rewrote them in place, e.g. a shared origin array trimmed by create_req)
+            self.shadow[int(kv)] = fill[i] if i < len(fill) else -1
 
     def _sampling(self, max_new: int):
         from sglang.srt.sampling.sampling_params import SamplingParams
@@ -738,7 +744,7 @@ class SglangBackend:
                 phase=L.phase,
                 fill_ids=tuple(int(t) for t in list(req.origin_input_ids) + list(req.output_ids)),
                 origin_len=len(req.origin_input_ids),
-                max_new_tokens=req.sampling_params.max_new_tokens, row=row,
+                max_new_tokens=req.sampling_params.max_new_tokens, row=self._arow(row),
                 committed=committed, allocated=allocated, protected=protected,
                 anchor=self._anchor(req.last_node, paths, sid), locked=L.locked,
                 to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
@@ -748,7 +754,7 @@ class SglangBackend:
         slots = []
         for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):
             row, committed, allocated, protected, last_node = self._slot_kv(slot)
-            slots.append(SlotView(sid=int(sid), row=row, committed=committed,
+            slots.append(SlotView(sid=int(sid), row=self._arow(row), committed=committed,
                                   allocated=allocated, protected=protected,
                                   last_node=self._anchor(last_node, paths, int(sid)),
                                   row_pages=self._row_pages(row, allocated)))
@@ -760,12 +766,15 @@ class SglangBackend:
         return AbstractState(
             page_size=P, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
             free_pages=tuple(sorted(self._free_page_census())),
-            free_rows=tuple(sorted(int(r) for r in self.pool.free_slots)),
+            free_rows=tuple(sorted(self._arow(int(r)) for r in self.pool.free_slots)),
             nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots),
             sessions=tuple(self._session_views()),
             evictable_size=int(self.cache.evictable_size()),
             protected_size=int(self.cache.protected_size()),
             content=build_content(P, nodes, reqs, slots, read))
+
+    def _arow(self, row):
+        return None if row is None else int(row) - self.row_base
 
     def _flag(self, req, name):
         return getattr(req, name) if self.api == "flat" else getattr(req.kv, name, False)
