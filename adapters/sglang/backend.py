@@ -500,8 +500,7 @@ class SglangBackend:
         else:
             lock = req.lock
             req.lock = None
-            if lock is not None:
-                lock.release() if hasattr(lock, "release") else self.cache.unlock(lock)
+            self.cache.unlock(lock)
         L.locked = False
 
     def _extend(self, L, prefix: int, end: int) -> None:

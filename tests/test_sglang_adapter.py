@@ -1,0 +1,67 @@
+"""The real-sglang conformance adapter (adapters/sglang). Needs .venv-sglang-0.5.15
+(adapters/sglang/make_env.sh 0.5.15); skipped when it is absent."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PY515 = ROOT / ".venv-sglang-0.5.15" / "bin" / "python"
+need_515 = pytest.mark.skipif(not PY515.exists(), reason="no .venv-sglang-0.5.15 "
+                              "(build it with adapters/sglang/make_env.sh 0.5.15)")
+
+
+def test_wire_roundtrip():
+    from adapters.sglang.wire import state_from_json, state_to_json
+    from spec.config import Config
+    from spec.model import initial_state, step
+    from spec import ops as O
+    from spec.view import abstract
+    s = initial_state(Config(page_size=4))
+    for op in (O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3, 4, 5), 2), O.Schedule(1)):
+        s, _ = step(s, op)
+    a = abstract(s)
+    assert state_from_json(json.loads(json.dumps(state_to_json(a)))) == a
+
+
+def test_unknown_version_refused():
+    from adapters.sglang.proxy import SglangUnavailable, resolve_python
+    with pytest.raises(SglangUnavailable, match="make_env.sh 9.9.9"):
+        resolve_python("9.9.9")
+
+
+@need_515
+@pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "stateful_tests/upstream/*-sglang-0.5.15.json"))),
+                         ids=lambda p: Path(p).stem)
+def test_upstream_trace_0515(path):
+    from adapters.sglang.conformance import check_trace
+    ok, line = check_trace(path, "0.5.15")
+    assert ok, line
+
+
+@need_515
+def test_run_trace_entry_point(tmp_path):
+    trace = ROOT / "stateful_tests/upstream/two-turns-p1-sglang-0.5.15.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([str(PY515), "-m", "adapters.sglang.run_trace", str(trace)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    out = json.loads(p.stdout)
+    assert out["version"] == "0.5.15" and out["api"] == "flat"
+    assert out["stub_calls"] == []
+    assert all("error" not in s for s in out["steps"])
+    assert [s["outcome"] for s in out["steps"]][:3] == ["ok", "ok", "ok"]
+
+
+@need_515
+def test_era_mismatch_refused():
+    from adapters.sglang.proxy import SglangProxy, SglangUnavailable
+    from spec.config import Config
+    with pytest.raises(SglangUnavailable, match="era"):
+        SglangProxy(Config(era="borrow"), version="0.5.15")
