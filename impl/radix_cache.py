@@ -16,7 +16,8 @@ I64 = torch.int64
 
 
 class TreeNode:
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id")
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id",
+                 "evicted_path")
     _counter = 0
 
     def __init__(self, key: tuple = (), value: Optional[torch.Tensor] = None, parent=None,
@@ -29,9 +30,13 @@ class TreeNode:
         self.last_access_tick = tick
         TreeNode._counter += 1
         self.id = TreeNode._counter
+        self.evicted_path = None
 
     def path(self) -> tuple:
-        """The full key from the root."""
+        """The full key from the root (kept for a node already evicted, which a queued
+        request that matched it may still name)."""
+        if self.evicted_path is not None:
+            return self.evicted_path
         parts = []
         n = self
         while n is not None and n.parent is not None:
@@ -190,6 +195,7 @@ class RadixCache:
             parent = x.parent
             del parent.children[self._child_key(x.key)]
             self.evictable_size_ -= len(x.key)
+            x.evicted_path = paths[vid]
             x.parent = None
             if self._is_candidate(parent):
                 candidates[parent.id] = parent
