@@ -1,0 +1,151 @@
+"""Result records and the prove/refute driver shared by every proof module."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import z3
+
+TIMEOUT_MS = 30_000
+
+
+@dataclass
+class Result:
+    name: str
+    kind: str                  # "lemma" | "control" | "induction" | "crosshair"
+    status: str                # "proved" | "refuted" | "unknown" | "error"
+    seconds: float
+    expected: str = "proved"   # a negative control expects "refuted"
+    detail: str = ""
+    model: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status == self.expected
+
+
+def conjuncts(g) -> list:
+    if z3.is_and(g):
+        out = []
+        for c in g.children():
+            out += conjuncts(c)
+        return out
+    return [g]
+
+
+def _multiplicands(terms, p) -> list:
+    """Every u such that p*u (or a quotient x / p) occurs in the terms."""
+    seen, out = set(), {}
+
+    def walk(t):
+        if t.get_id() in seen:
+            return
+        seen.add(t.get_id())
+        if z3.is_mul(t):
+            ch = t.children()
+            if any(c.eq(p) for c in ch):
+                rest = [c for c in ch if not c.eq(p)]
+                if rest:
+                    r = rest[0]
+                    for x in rest[1:]:
+                        r = r * x
+                    out[r.get_id()] = r
+        if z3.is_app_of(t, z3.Z3_OP_IDIV) and t.children()[1].eq(p):
+            out[t.get_id()] = t
+        for c in t.children():
+            walk(c)
+
+    for t in terms:
+        walk(t)
+    return list(out.values())
+
+
+def monotonicity(terms, divisors, limit: int = 40) -> list:
+    """Instances of a valid fact of integer arithmetic that z3's nonlinear engine does
+    not find by itself: for p > 0, p*u < p*v + p implies u <= v (p*(u-v) < p, so
+    u - v < 1). Instantiated for the page-size divisors p over the multiplicands of p
+    (and their negations) occurring in the formula. Adding valid facts keeps an unsat
+    answer a proof and a sat model a real counterexample."""
+    out = []
+    uniq = {d.get_id(): d for d in divisors}
+    for p in uniq.values():
+        ms = _multiplicands(terms, p)[:limit]
+        ms = ms + [-u for u in ms]
+        ax = []
+        for u in ms:
+            ax.append(z3.Implies(p * u < p, u <= 0))
+            ax.append(z3.Implies(p * u > -p, u >= 0))
+            for v in ms:
+                if not u.eq(v):
+                    ax.append(z3.Implies(p * u < p * v + p, u <= v))
+        if ax:
+            out.append(z3.Implies(p > 0, z3.And(*ax)))
+    return out
+
+
+def _solve(hyps, extra, goal, timeout_ms, tactic: bool):
+    s = (z3.Then("simplify", "purify-arith", "propagate-values", "solve-eqs", "smt").solver()
+         if tactic else z3.Solver())
+    s.set("timeout", max(1, int(timeout_ms)))
+    s.add(*hyps)
+    s.add(*extra)
+    s.add(z3.Not(goal))
+    return s.check(), s
+
+
+def check(hyps: list, goal, timeout_ms: int = TIMEOUT_MS, divisors=()):
+    """Prove hyps => goal for all values of the free variables, conjunct by conjunct.
+    Returns (status, model-as-dict or None): "proved", "refuted" (with a
+    counterexample) or "unknown" (time limit)."""
+    deadline = time.perf_counter() + timeout_ms / 1000
+    status = "proved"
+    for g in conjuncts(goal):
+        mono = monotonicity(list(hyps) + [g], divisors) if divisors else []
+        res = None
+        # cheap first (no hints), then with the monotonicity hints, then purified
+        attempts = [([], False, 1500), (mono, False, timeout_ms / 2), (mono, True, timeout_ms)]
+        for extra, tactic, budget in attempts:
+            left = (deadline - time.perf_counter()) * 1000
+            if left <= 0:
+                break
+            r, s = _solve(hyps, extra, g, min(left, budget), tactic)
+            if r == z3.unsat:
+                res = "unsat"
+                break
+            if r == z3.sat:
+                return "refuted", _model(s.model())
+        if res != "unsat":
+            status = "unknown"
+    return status, None
+
+
+def _model(m) -> dict:
+    out = {}
+    for d in m.decls():
+        if d.arity() > 0:
+            continue
+        v = m[d]
+        try:
+            out[d.name()] = v.as_long() if z3.is_int_value(v) else (
+                z3.is_true(v) if z3.is_bool(v) else str(v))
+        except Exception:  # pragma: no cover
+            out[d.name()] = str(v)
+    return out
+
+
+def timed(name: str, kind: str, expected: str, fn: Callable[[], tuple]) -> Result:
+    t0 = time.perf_counter()
+    try:
+        status, model, detail = fn()
+    except Exception as e:  # a crash is a failure, reported with its message
+        return Result(name, kind, "error", time.perf_counter() - t0, expected,
+                      detail=f"{type(e).__name__}: {e}")
+    return Result(name, kind, status, time.perf_counter() - t0, expected, detail=detail,
+                  model=model or {})
+
+
+def fmt_model(model: dict, keep=None) -> str:
+    items = sorted((k, v) for k, v in model.items()
+                   if not k.startswith("k!") and "!" not in k and (keep is None or k in keep))
+    return ", ".join(f"{k}={v}" for k, v in items)
