@@ -164,6 +164,7 @@ def match_prefix(s: State, key: tuple) -> tuple[int, list]:
         if cid is None:
             break
         child = s.nodes[cid]
+        child.tick = s.tick             # stamped before a split: both halves carry it
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -186,6 +187,7 @@ def insert(s: State, key: tuple, pages: list) -> int:
         if cid is None:
             break
         child = s.nodes[cid]
+        child.tick = s.tick             # stamped before a split: both halves carry it
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -370,11 +372,21 @@ def find_active_slot(s: State, req: Req):
         return None
     if req.to_finish:
         sid = req.session
+        _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req)
         req.session = None
         _maybe_close(s, sid)
         return None
     return slot
+
+
+def _drop_parked_turn(s: State, sid: int, req: Req) -> None:
+    """FIX(H4) follow-up: a retracted turn parked its partial KV in the slot without
+    advancing the checkpoint; if that turn now ends unsuccessfully, the slot no longer
+    matches the checkpoint the next turn is built from, so it is released."""
+    sess = s.sessions.get(sid)
+    if req.is_retracted and sid in s.slots and sess is not None and sess.inflight_rid == req.rid:
+        release_session(s, sid)
 
 
 def _abort_req(s: State, sid: int, req: Req) -> None:
@@ -613,9 +625,7 @@ def _abort_queued(s: State, req: Req) -> None:
     also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
     if _is_streaming(req):
         sid = req.session
-        if req.is_retracted and sid in s.slots and sid in s.sessions \
-                and s.sessions[sid].inflight_rid == req.rid:
-            release_session(s, sid)
+        _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req)
         _maybe_close(s, sid)
     del s.reqs[req.rid]
@@ -640,7 +650,10 @@ def _retract(s: State, req: Req) -> None:
 
 def _submit_turn(s: State, op: O.SubmitTurn) -> str:
     sess = s.sessions[op.sid]
-    if sess.inflight_rid is not None or sess.close_pending:
+    if sess.close_pending:              # a closing session hands out a plain aborted request
+        s.reqs[op.rid] = Req(op.rid, None, False, True, (0,), [], op.max_new_tokens, to_finish=True)
+        return "stub"
+    if sess.inflight_rid is not None:
         s.reqs[op.rid] = Req(op.rid, op.sid, True, True, (0,), [], op.max_new_tokens,
                              to_finish=True)
         return "stub"

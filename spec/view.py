@@ -7,11 +7,16 @@ from spec.state import ROOT, State
 from spec.model import node_path
 
 
-def anchor_view(s: State, anchor):
+def anchor_view(s: State, anchor, locked: bool = True):
+    """("root",), ("node", path), ("virtual", sid) or None. A radix anchor of a request
+    that holds no lock through it is stale (the next schedule matches again; the node
+    may be evicted meanwhile) and is reported as None."""
     if anchor is None:
         return None
     if anchor[0] == "virtual":
         return anchor
+    if not locked:
+        return None
     if anchor[1] == ROOT:
         return ("root",)
     return ("node", node_path(s, anchor[1]))
@@ -35,7 +40,7 @@ def abstract(s: State) -> AbstractState:
                 phase=r.phase, fill_ids=r.fill_ids, origin_len=len(r.origin),
                 max_new_tokens=r.max_new_tokens, row=r.row, committed=r.committed,
                 allocated=r.allocated, protected=r.protected,
-                anchor=anchor_view(s, r.last_node), locked=r.locked, to_finish=r.to_finish,
+                anchor=anchor_view(s, r.last_node, r.locked), locked=r.locked, to_finish=r.to_finish,
                 is_retracted=r.is_retracted, committed_freed=r.committed_freed,
                 overallocated_freed=r.overallocated_freed,
                 row_pages=_row_pages(s, r.row, r.allocated))
