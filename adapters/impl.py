@@ -62,11 +62,15 @@ class ImplBackend:
         raise TypeError(f"ImplBackend: unknown operation {op!r}")
 
     # -- abstraction -------------------------------------------------------------------
-    def _anchor(self, node) -> Optional[tuple]:
+    def _anchor(self, node, locked: bool = True) -> Optional[tuple]:
+        """A radix anchor through which no lock is held (a queued request whose admission
+        was rejected) is stale and reported as None (docs/semantics.md, abstract view)."""
         if node is None:
             return None
         if isinstance(node, _VirtualNode):
             return ("virtual", node.session_id)
+        if not locked:
+            return None
         if isinstance(node, TreeNode):
             if node is self.sched.radix_cache.root_node:
                 return ("root",)
@@ -101,7 +105,7 @@ class ImplBackend:
                 fill_ids=tuple(r.fill_ids), origin_len=len(r.origin_input_ids),
                 max_new_tokens=r.max_new_tokens, row=r.req_pool_idx,
                 committed=r.kv_committed_len, allocated=r.kv_allocated_len,
-                protected=r.cache_protected_len, anchor=self._anchor(r.last_node),
+                protected=r.cache_protected_len, anchor=self._anchor(r.last_node, r.lock_held),
                 locked=r.lock_held, to_finish=r.to_finish is not None, is_retracted=r.is_retracted,
                 committed_freed=r.kv_committed_freed, overallocated_freed=r.kv_overallocated_freed,
                 row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows)))

@@ -215,9 +215,7 @@ class Scheduler:
         req = self._req(rid, "queued")
         session = req.session
         if session is not None and session.streaming:
-            if req.is_retracted and session._inflight is req:
-                # FIX(H4) follow-up: the partial turn parked in the slot goes too
-                self.tree_cache.release_session(session.session_id)
+            self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
         self._retire(req, session)

@@ -31,7 +31,12 @@ class Session:
         return last.origin_input_ids + last.output_ids[: last.finished_len if last.finished_len is not None else len(last.output_ids)]
 
     def create_req(self, rid: int, new_tokens, max_new_tokens: int) -> Req:
-        if self._inflight is not None or self.close_on_finish or self.closed:
+        if self.close_on_finish or self.closed:
+            # a closing session hands out a plain aborted request (not attached)
+            req = Req(rid, [0], max_new_tokens, session=None, streaming=False, rejected=True)
+            req.to_finish = FINISH_ABORT
+            return req
+        if self._inflight is not None:
             req = Req(rid, [0], max_new_tokens, session=self, streaming=True, rejected=True)
             req.to_finish = FINISH_ABORT
             return req

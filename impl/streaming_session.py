@@ -88,10 +88,21 @@ class StreamingSession:
         if slot is None or slot.req_pool_idx is None:
             return None
         if req.to_finish is not None and "preabort_no_detach" not in faults.ACTIVE:
+            self.drop_parked_turn(req)
             req.session.abort_req(req)
             req.session = None
             return None
         return slot
+
+    def drop_parked_turn(self, req: Req) -> None:
+        """FIX(H4) follow-up: a retracted in-flight turn parked its partial KV in the slot
+        without advancing the checkpoint; when that turn ends unsuccessfully (queued
+        abort, or pre-abort detach) the slot no longer matches the checkpoint the next
+        turn is built from, so the session's KV is released."""
+        session = req.session
+        if req.is_retracted and session is not None and session._inflight is req \
+                and session.session_id in self.slots:
+            self.release_session(session.session_id)
 
     # -- match ---------------------------------------------------------------------
     def try_match_prefix(self, req: Req, key) -> Optional[tuple]:
