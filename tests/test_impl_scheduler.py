@@ -249,3 +249,28 @@ def test_concrete_findings_report_owner_and_page():
     assert ("C4", "req 1", 0) in ids
     assert ("C5", "req 1", None) in ids
     assert any(f.id == "LEAK" for f in checks.leak_check(s))
+
+
+def test_closing_session_hands_out_a_plain_stub():
+    s = Scheduler(page_size=1, num_pages=16, num_rows=2, device=DEV)
+    s.open_session(1)
+    s.submit_turn(1, 1, (1, 2), 2)
+    assert s.close_session(1) == "deferred"
+    assert s.submit_turn(1, 2, (3,), 2) == "stub"
+    stub = s.reqs[2]
+    assert (stub.session, stub.streaming, stub.rejected, stub.origin_input_ids) == (None, False, True, [0])
+
+
+def test_preabort_of_retracted_turn_drops_the_parked_slot():
+    s = Scheduler(page_size=1, num_pages=32, num_rows=2, device=DEV)
+    s.open_session(1)
+    s.submit_turn(1, 1, (1, 2, 3), 4)
+    s.schedule(1)
+    s.decode(1)
+    s.retract(1)
+    assert 1 in s.tree_cache.slots
+    s.pre_abort(1)
+    assert s.schedule(1) == "ok"                  # detached; parked partial turn released
+    assert s.tree_cache.slots == {} and not s.session_controller.sessions[1].inflight
+    assert s.session_controller.sessions[1].checkpoint() == []
+    assert checks.leak_check(s) == [] and checks.concrete_findings(s) == []
