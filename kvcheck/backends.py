@@ -1,0 +1,27 @@
+"""Systems under test by name: `spec` (the model alone), `impl` (impl/ on the device
+KVCHECK_DEVICE picks), `sglang[:VERSION]` / `sglang-VERSION` (a real release)."""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+
+class BackendError(ValueError):
+    pass
+
+
+def resolve(name: str) -> tuple[Optional[Callable], str]:
+    """(factory(cfg) -> Backend, or None for the spec alone; display name)."""
+    if name == "spec":
+        return None, "spec"
+    if name == "impl":
+        from adapters.impl import ImplBackend
+        return ImplBackend, "impl"
+    if name == "sglang" or name.startswith("sglang:") or name.startswith("sglang-"):
+        version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
+        from adapters.sglang.proxy import make_backend
+
+        def factory(cfg):
+            return make_backend(cfg, version)
+        return factory, f"sglang-{version}" if version else "sglang"
+    raise BackendError(f"unknown backend {name!r}: use spec, impl, sglang, sglang:VERSION "
+                       "or sglang-VERSION")

@@ -1,0 +1,953 @@
+"""Exhaustive bounded exploration of the spec (`kvcheck explore`): an explicit-state model
+checker in the style of TLC / Stateright that runs on the Python spec itself.
+
+    kvcheck explore [--preset NAME] [--page-size P --pages N --rows R --sessions S ...]
+
+- Breadth-first from `spec.model.initial_state`, so the first counterexample found is a
+  shortest one. It is written as a trace file (kvcheck/trace.py format, expect = the
+  violation id and step, backend "spec") that `kvcheck replay` runs on the spec and impl.
+- The operations tried in a state are drawn from bounded argument domains (the scope:
+  which sids and rids, prompt shapes, tokens, evict sizes) and filtered by the spec's own
+  guard `spec.model.enabled`; their effect is `spec.model.step`. Nothing here re-states
+  the model.
+- Every state passes `check_state` (evaluated once per equivalence class: the invariants
+  do not depend on ids) and every transition `check_step`, exactly as `run_ops` does, so
+  a counterexample replays to the same invariant at the same step.
+- Symmetry reduction: page ids, row ids, session ids and request ids are interchangeable;
+  `state_key` renames them canonically before hashing. The key is complete for the
+  spec's future (see `state_key` for what it omits and why that is dead data).
+- Reachability ("sometimes") goals: every operation and outcome, and the situations in
+  `SITUATIONS`, detected from (before, op, outcome, after) states; the report says at
+  which depth each was first reached, or that the scope missed it.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from collections import Counter, deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+from spec import model as M
+from spec import ops as O
+from spec.config import Config, ConfigError
+from spec.invariants import STEP_INVARIANTS, check_state, check_step
+from spec.state import ROOT, State
+from spec.view import abstract
+
+SPEC_ASSERTION = "M1"      # an upstream assertion the spec reached (kvcheck.checker's id)
+SPEC_EXCEPTION = "E1"      # the spec itself raised something else (a defect in spec/)
+
+
+# ---------------------------------------------------------------------------
+# the scope
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Scope:
+    """What one exploration covers: a Config and the bounded argument domains."""
+    cfg: Config
+    sessions: int = 1                 # session ids 1..sessions
+    plain: int = 1                    # plain requests live at once (0: none)
+    max_live: int = 2                 # requests (turns, stubs, plain) live at once
+    prompts: tuple = ((2, 3),)        # plain request prompts
+    turns: tuple = ((2,),)            # new_tokens of a session turn
+    max_new: tuple = (1, 2)           # max_new_tokens choices
+    decode_tokens: tuple = (1,)       # Decode / SpecDecode token choices
+    evict: tuple = ()                 # Evict(num_tokens) choices (() = no evict op)
+    reject: bool = True               # also try Schedule(admit=False)
+    max_depth: int = 12
+    name: str = "custom"
+
+    def describe(self) -> str:
+        c = self.cfg
+        flags = [f"P={c.page_size}", f"pages={c.num_pages}", f"rows={c.num_rows}",
+                 f"ctx={c.max_context_len}", f"era={c.era}"]
+        if c.chunk_size is not None:
+            flags.append(f"chunk={c.chunk_size}")
+        if c.spec_enabled:
+            flags.append(f"spec(max_drafts={c.max_drafts})")
+        if c.overlap:
+            flags.append("overlap")
+        return (f"{self.name}: {' '.join(flags)}; sessions={self.sessions} plain={self.plain} "
+                f"max_live={self.max_live} prompts={_fmt_words(self.prompts)} "
+                f"turns={_fmt_words(self.turns)} max_new={list(self.max_new)} "
+                f"decode_tokens={list(self.decode_tokens)} evict={list(self.evict)} "
+                f"reject={self.reject} depth<={self.max_depth}")
+
+
+def _fmt_words(ws) -> str:
+    return "[" + " ".join("".join(map(str, w)) if all(t < 10 for t in w) else
+                          ",".join(map(str, w)) for w in ws) + "]"
+
+
+def words(alphabet, lengths) -> tuple:
+    """Every token sequence over `alphabet` with a length in `lengths`."""
+    return tuple(w for n in lengths for w in itertools.product(alphabet, repeat=n))
+
+
+def _scope(name, cfg_kw, **kw) -> Scope:
+    return Scope(cfg=Config(**cfg_kw), name=name, **kw)
+
+
+PRESETS: dict[str, tuple] = {
+    # `make check`: two scopes (the second covers spec decode, borrow era and chunking);
+    # ~20 s on one core.
+    "check": (
+        _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,
+                                     overlap=True),
+               sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1, 2), evict=(2,), max_depth=13),
+        _scope("check-spec-borrow", dict(page_size=2, num_pages=5, num_rows=2, max_context_len=16,
+                                         spec_enabled=True, max_drafts=1, chunk_size=2,
+                                         era="borrow"),
+               sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1,), evict=(), max_depth=10),
+    ),
+    # the tests' scope: small enough that the unreduced run finishes too
+    "tiny": (
+        _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),
+               sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1,), evict=(), max_depth=9),
+    ),
+    # two sessions sharing the tree with a plain request
+    "two-sessions": (
+        _scope("two-sessions", dict(page_size=2, num_pages=5, num_rows=3, max_context_len=16,
+                                    overlap=True),
+               sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1, 2), evict=(2,), max_depth=12),
+    ),
+    # the benchmark's fixed scope
+    "bench": (
+        _scope("bench", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16, overlap=True),
+               sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1, 2), evict=(2,), max_depth=11),
+    ),
+    "p1": (
+        _scope("p1", dict(page_size=1, num_pages=4, num_rows=2, max_context_len=16),
+               sessions=1, plain=1, max_live=2, prompts=((2, 3),), turns=((2,), (2, 2)),
+               max_new=(1, 2), evict=(1,), max_depth=12),
+    ),
+}
+
+
+# ---------------------------------------------------------------------------
+# canonical state key (symmetry reduction)
+# ---------------------------------------------------------------------------
+
+def _b(x) -> int:
+    return 1 if x else 0
+
+
+def state_key(s: State, symmetric: bool = True) -> tuple:
+    """A hashable key such that two states with the same key have the same future up to
+    renaming of page, row, session and request ids.
+
+    Included: every field the spec reads, with ids renamed: tree nodes by key path (node
+    ids are not observable), their pages, lock_ref and the *rank* of their access tick
+    (eviction order is (tick, path); new ticks always exceed old ones, so only the order
+    matters); the allocator's free pages as a multiset (the allocator takes the lowest
+    free page, but free pages nothing else names are interchangeable); free rows as a
+    multiset (same argument); each held row's page ids on row-pages [0, ceil(allocated/P))
+    of its holders; the KV content of every page that is not unreferenced-and-free; every
+    request, slot and session field.
+
+    Left out, as dead data no step reads before writing it: row entries at or past a
+    holder's allocated length and the entries of free rows (a row is rewritten when it is
+    handed out); `req.prefix_pages` and `req.prefix_len` (written by the match of the
+    same `schedule` that reads them); a request's radix `last_node` when it holds no lock
+    through it (a rejected admission: the next schedule matches again; only "is it None"
+    is read, by the pre_abort guard); `next_node_id` and the global tick.
+
+    Requests and sessions are ordered by an id-free signature (sessions first, with the
+    signatures of their requests), pages and rows by first appearance in a fixed walk
+    (nodes by path, then rows of requests, then of slots). Ties between entities with
+    equal signatures may leave two isomorphic states with different keys (less reduction,
+    never a wrong merge). symmetric=False keeps every id as it is (no reduction)."""
+    P = s.cfg.page_size
+    reqs = s.reqs
+    sessions = s.sessions
+    slots = s.slots
+
+    # ---- sessions and requests
+    sid_set = set(sessions) | set(slots)
+    for r in reqs.values():
+        if r.session is not None:
+            sid_set.add(r.session)
+        ln = r.last_node
+        if ln is not None and ln[0] == "virtual":
+            sid_set.add(ln[1])
+
+    def req_sig(r):
+        ln = r.last_node
+        if ln is None:
+            anc = 0
+        elif ln[0] == "virtual":
+            anc = 1
+        elif r.locked:
+            anc = 2
+        else:
+            anc = 3
+        return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
+                r.row is None, r.committed, r.allocated, r.protected, anc, r.locked,
+                r.to_finish, r.finished_reason, r.finished_len, r.committed_freed,
+                r.overallocated_freed, r.is_retracted, r.extend_end)
+
+    rsig = {rid: req_sig(r) for rid, r in reqs.items()}
+    if symmetric:
+        def sess_sig(sid):
+            x = sessions.get(sid)
+            t = slots.get(sid)
+            att = sorted(hash(rsig[r.rid]) for r in reqs.values() if r.session == sid)
+            return hash((None if x is None else (x.inflight_rid is not None, x.checkpoint,
+                                                 x.close_pending),
+                         None if t is None else (t.row is None, t.committed, t.allocated,
+                                                 t.protected, t.last_node is None),
+                         tuple(att)))
+        sid_order = sorted(sid_set, key=sess_sig)
+        sid_l = {sid: i + 1 for i, sid in enumerate(sid_order)}
+        rid_order = sorted(reqs, key=lambda rid: hash((rsig[rid], sid_l.get(reqs[rid].session))))
+        rid_l = {rid: i + 1 for i, rid in enumerate(rid_order)}
+    else:
+        sid_order = sorted(sid_set)
+        sid_l = {sid: sid for sid in sid_order}
+        rid_order = sorted(reqs)
+        rid_l = {rid: rid for rid in rid_order}
+
+    # ---- nodes: path, pages, lock_ref, tick rank
+    nodes = s.nodes
+    paths = {ROOT: ()}
+
+    def path(nid):
+        p = paths.get(nid)
+        if p is None:
+            n = nodes[nid]
+            p = path(n.parent) + n.key
+            paths[nid] = p
+        return p
+
+    node_list = sorted(((path(nid), n) for nid, n in nodes.items() if nid != ROOT),
+                       key=lambda x: x[0])
+    ticks = sorted({n.tick for _, n in node_list})
+    trank = {t: i for i, t in enumerate(ticks)}
+
+    pages: dict = {}
+    if symmetric:
+        def pl(p):
+            if p is None:
+                return None
+            v = pages.get(p)
+            if v is None:
+                v = pages[p] = len(pages) + 1
+            return v
+    else:
+        def pl(p):
+            if p is not None:
+                pages[p] = p
+            return p
+
+    node_key = tuple((pth, tuple(pl(p) for p in n.pages), n.lock_ref, trank[n.tick])
+                     for pth, n in node_list)
+
+    # ---- rows
+    row_alloc: dict = {}
+    for r in reqs.values():
+        if r.row is not None:
+            row_alloc[r.row] = max(row_alloc.get(r.row, 0), r.allocated)
+    for t in slots.values():
+        if t.row is not None:
+            row_alloc[t.row] = max(row_alloc.get(t.row, 0), t.allocated)
+    rows: dict = {}
+    row_keys = []
+
+    def rl(row):
+        if row is None:
+            return None
+        v = rows.get(row)
+        if v is None:
+            v = rows[row] = (len(rows) if symmetric else row)
+            n = -(-row_alloc[row] // P)
+            row_keys.append((v, tuple(pl(p) for p in s.rows[row][:n])))
+        return v
+
+    def anchor(ln, locked):
+        if ln is None:
+            return None
+        if ln[0] == "virtual":
+            return ("v", sid_l.get(ln[1]))
+        if not locked:
+            return ("stale",)
+        nid = ln[1]
+        return ("n", path(nid)) if nid in nodes else ("gone", nid)
+
+    req_key = tuple(
+        (rid_l[rid], sid_l.get(reqs[rid].session), rsig[rid], rl(reqs[rid].row),
+         anchor(reqs[rid].last_node, reqs[rid].locked))
+        for rid in rid_order)
+    slot_key = tuple(
+        (sid_l[sid], rl(t.row), t.committed, t.allocated, t.protected, anchor(t.last_node, True))
+        for sid, t in sorted(slots.items(), key=lambda x: sid_l[x[0]]))
+    sess_key = tuple(
+        (sid_l[sid], None if x.inflight_rid is None else rid_l.get(x.inflight_rid, ("dead",)),
+         x.checkpoint, x.close_pending)
+        for sid, x in sorted(sessions.items(), key=lambda x: sid_l[x[0]]))
+
+    content = s.content
+    free = s.free_pages
+    if symmetric:
+        free_key = tuple(sorted(pages.get(p, 0) for p in free))
+        content_key = tuple((v, content.get(p)) for p, v in pages.items())
+        free_rows = tuple(sorted(rows.get(r, -9) for r in s.free_rows))
+    else:
+        free_key = tuple(free)
+        content_key = tuple(sorted(content.items()))
+        free_rows = tuple(s.free_rows)
+    return (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
+            free_rows, s.evictable_size, s.protected_size)
+
+
+# ---------------------------------------------------------------------------
+# enabled operations over the scope's domains
+# ---------------------------------------------------------------------------
+
+def _fresh_rid(s: State, taken: set) -> int:
+    rid = 1
+    while rid in taken:
+        rid += 1
+    return rid
+
+
+def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
+    """Every operation of the scope's domains that `spec.model.enabled` allows here.
+    With symmetry, a new request takes the lowest free rid and a new session the lowest
+    unused sid (any other choice gives an isomorphic state); without, every one."""
+    cfg = sc.cfg
+    ops: list = []
+    live = len(s.reqs)
+    sids = range(1, sc.sessions + 1)
+    for sid in sids:
+        op = O.OpenSession(sid)
+        if M.enabled(s, op):
+            ops.append(op)
+            if symmetric:
+                break
+    for sid in sids:
+        op = O.CloseSession(sid)
+        if M.enabled(s, op):
+            ops.append(op)
+    if live < sc.max_live:
+        taken = set(s.reqs) | {x.inflight_rid for x in s.sessions.values()}
+        if symmetric:
+            new_rids = [_fresh_rid(s, taken)]
+        else:
+            new_rids = [r for r in range(1, sc.max_live + 1) if r not in taken]
+        for rid in new_rids:
+            for sid in sids:
+                if sid in s.sessions:
+                    for toks in sc.turns:
+                        for mn in sc.max_new:
+                            op = O.SubmitTurn(sid, rid, tuple(toks), mn)
+                            if M.enabled(s, op):
+                                ops.append(op)
+            nplain = sum(1 for r in s.reqs.values() if not r.streaming)
+            if nplain < sc.plain:
+                for toks in sc.prompts:
+                    for mn in sc.max_new:
+                        op = O.SubmitRequest(rid, tuple(toks), mn)
+                        if M.enabled(s, op):
+                            ops.append(op)
+    for rid in sorted(s.reqs):
+        cands = [O.Schedule(rid, True)]
+        if sc.reject:
+            cands.append(O.Schedule(rid, False))
+        cands += [O.PrefillChunk(rid), O.Finish(rid), O.AbortQueued(rid), O.PreAbort(rid),
+                  O.AbortRunning(rid), O.Retract(rid)]
+        if cfg.spec_enabled:
+            cands += [O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
+                      for a in range(d + 1) for t in sc.decode_tokens]
+        else:
+            cands += [O.Decode(rid, t) for t in sc.decode_tokens]
+        ops.extend(op for op in cands if M.enabled(s, op))
+    for n in sc.evict:
+        op = O.Evict(n)
+        if M.enabled(s, op):
+            ops.append(op)
+    return ops
+
+
+# ---------------------------------------------------------------------------
+# reachability goals: situations worth reaching, seen in (before, op, outcome, after)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Situation:
+    id: str
+    text: str
+    detect: Callable          # (cfg, before, op, outcome, after) -> bool
+    applies: Callable = lambda cfg: True
+    why_not: str = ""
+
+
+def _restoring(b: State, op):
+    """(req, sid, slot) when op is a schedule that restores from a slot holding KV."""
+    if not isinstance(op, O.Schedule):
+        return None
+    r = b.reqs.get(op.rid)
+    if r is None or r.session is None or r.to_finish:
+        return None
+    t = b.slots.get(r.session)
+    if t is None or t.row is None:
+        return None
+    return r, r.session, t
+
+
+def _tail_free_mid_page(cfg, b, op, out, a):
+    x = _restoring(b, op)
+    if x is None:
+        return False
+    r, sid, t0 = x
+    t1 = a.slots.get(sid)
+    if t1 is None:
+        return False
+    P = cfg.page_size
+    kept = t1.allocated                     # prefix_len after _free_tail
+    return kept % P != 0 and t0.allocated > -(-kept // P) * P
+
+
+def _split_under_lock(cfg, b, op, out, a):
+    for nid, n in a.nodes.items():
+        if nid in b.nodes:
+            continue
+        for cid in n.children.values():
+            c = b.nodes.get(cid)
+            if c is not None and c.lock_ref > 0 and c.parent != nid:
+                return True
+    return False
+
+
+def _deferred_close_done(cfg, b, op, out, a):
+    return any(x.close_pending and sid not in a.sessions for sid, x in b.sessions.items())
+
+
+def _retract_retry_off_by_one(cfg, b, op, out, a):
+    x = _restoring(b, op)
+    if x is None:
+        return False
+    r, sid, t0 = x
+    return r.is_retracted and t0.committed >= r.seqlen
+
+
+def _ephemeral_abort_slot(cfg, b, op, out, a):
+    if not isinstance(op, O.AbortRunning):
+        return False
+    r = b.reqs[op.rid]
+    return r.session is not None and r.session not in b.slots
+
+
+def _eviction_under_pressure(cfg, b, op, out, a):
+    return not isinstance(op, O.Evict) and any(nid not in a.nodes for nid in b.nodes)
+
+
+def _admission_rejected_for_budget(cfg, b, op, out, a):
+    return isinstance(op, O.Schedule) and op.admit and out == "rejected"
+
+
+def _idempotent_restore_retry(cfg, b, op, out, a):
+    x = _restoring(b, op)
+    if x is None:
+        return False
+    r = x[0]
+    return r.row is not None            # restored once already (a rejected admission)
+
+
+def _pre_abort_detach(cfg, b, op, out, a):
+    if not isinstance(op, O.Schedule):
+        return False
+    r = b.reqs.get(op.rid)
+    return (r is not None and r.session is not None and r.to_finish
+            and r.session in b.slots and b.slots[r.session].row is not None)
+
+
+def _parked_turn_dropped(cfg, b, op, out, a):
+    if not isinstance(op, (O.AbortQueued, O.Schedule)):
+        return False
+    r = b.reqs.get(op.rid)
+    return (r is not None and r.is_retracted and r.session is not None
+            and r.session in b.slots and r.session not in a.slots)
+
+
+def _spec_overshoot_trimmed(cfg, b, op, out, a):
+    if not isinstance(op, (O.Finish, O.Retract)):
+        return False
+    r = b.reqs[op.rid]
+    return len(r.output) > r.max_new_tokens
+
+
+def _shared_lock(cfg, b, op, out, a):
+    return any(n.lock_ref >= 2 for nid, n in a.nodes.items() if nid != ROOT)
+
+
+def _slot_lends_row(cfg, b, op, out, a):
+    return isinstance(op, O.Schedule) and out == "ok" and _restoring(b, op) is not None
+
+
+SITUATIONS: tuple = (
+    Situation("tail_free_mid_page", "a page-boundary tail free (restore keeps a partial page, "
+              "frees the pages past it)", _tail_free_mid_page, lambda c: c.page_size > 1,
+              "page_size 1"),
+    Situation("split_under_lock", "a node split under a lock (the locked node gets a new parent)",
+              _split_under_lock),
+    Situation("deferred_close_done", "a deferred close carried out when the turn ended",
+              _deferred_close_done),
+    Situation("retract_retry_off_by_one", "a retract retry with the overlap off-by-one "
+              "(slot committed == seqlen, restore prefix = seqlen - 1)", _retract_retry_off_by_one,
+              lambda c: c.overlap or c.spec_enabled, "neither overlap nor spec"),
+    Situation("ephemeral_abort_slot", "an ephemeral abort slot (first-turn mid-abort, wrapper era)",
+              _ephemeral_abort_slot, lambda c: c.era == "wrapper", "era borrow"),
+    Situation("eviction_under_pressure", "eviction under pressure (an allocation evicts a node)",
+              _eviction_under_pressure),
+    Situation("admission_rejected_for_budget", "an admission rejected for rows/KV budget",
+              _admission_rejected_for_budget),
+    Situation("idempotent_restore_retry", "a second restore after a rejected admission",
+              _idempotent_restore_retry),
+    Situation("pre_abort_detach", "a pre-aborted turn detached from its slot at schedule",
+              _pre_abort_detach),
+    Situation("parked_turn_dropped", "a retracted turn's parked KV released when it ends unsuccessfully",
+              _parked_turn_dropped),
+    Situation("spec_overshoot_trimmed", "a speculative overshoot past max_new_tokens trimmed",
+              _spec_overshoot_trimmed, lambda c: c.spec_enabled, "spec off"),
+    Situation("shared_lock", "a tree node locked by two holders", _shared_lock),
+    Situation("slot_lends_row", "a later turn admitted on its slot's row", _slot_lends_row),
+)
+
+
+def _op_applies(name: str, cfg: Config) -> Optional[str]:
+    if name == "decode" and cfg.spec_enabled:
+        return "spec on"
+    if name == "spec_decode" and not cfg.spec_enabled:
+        return "spec off"
+    if name == "prefill_chunk" and cfg.chunk_size is None:
+        return "no chunk size"
+    return None
+
+
+# ---------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------
+
+PREFILTERED_STEP_INVARIANTS = frozenset({"I10", "I16", "I25", "I28"})
+
+
+def step_check_needed(b: State, op, out: str, a: State) -> bool:
+    """A sound over-approximation of "some step invariant can fire on this transition",
+    on the concrete states, so that the abstract view of a transition into an already
+    visited state is built only when it matters. It covers the step invariants of
+    spec/invariants.py as they are (I10 slot fixed, I16 locked node evicted, I25 rejected
+    restore idempotent, I28 checkpoint advance): a step that removes a node or reshapes
+    one (split), changes a slot's protected length or anchor, changes a checkpoint, or is
+    a rejected schedule. When spec/ gains another step invariant the explorer stops
+    using it (see `explore`); tests check it against the full check_step."""
+    if out == "rejected":
+        return True
+    an, bn = a.nodes, b.nodes
+    for nid, n in bn.items():
+        m = an.get(nid)
+        if m is None or m.parent != n.parent or m.key != n.key:
+            return True
+    aslots = a.slots
+    for sid, t in b.slots.items():
+        u = aslots.get(sid)
+        if u is not None and (u.protected != t.protected or u.last_node != t.last_node):
+            return True
+    asess = a.sessions
+    for sid, x in b.sessions.items():
+        y = asess.get(sid)
+        if y is not None and y.checkpoint != x.checkpoint:
+            return True
+    return False
+
+@dataclass
+class Found:
+    id: str
+    name: str
+    message: str
+    depth: int                # number of ops in the trace
+    ops: list
+
+
+@dataclass
+class Result:
+    scope: Scope
+    symmetric: bool
+    states: int = 0
+    transitions: int = 0
+    max_depth: int = 0
+    complete_depth: int = -1          # every state at depth <= this was expanded
+    exhausted: bool = False           # no new states below the depth bound
+    stopped: Optional[str] = None     # why the search stopped early
+    seconds: float = 0.0
+    op_counts: Counter = field(default_factory=Counter)
+    outcome_counts: Counter = field(default_factory=Counter)
+    op_first: dict = field(default_factory=dict)          # op name -> depth first taken
+    outcome_first: dict = field(default_factory=dict)     # (op, outcome) -> depth
+    reached: dict = field(default_factory=dict)           # situation id -> depth
+    violations: list = field(default_factory=list)        # Found, first per id
+    level_sizes: list = field(default_factory=list)
+
+    @property
+    def states_per_s(self) -> float:
+        return self.states / self.seconds if self.seconds > 0 else 0.0
+
+
+def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
+            max_states: Optional[int] = None, max_seconds: Optional[float] = None,
+            check: bool = True, progress: Optional[Callable] = None,
+            progress_every: float = 2.0, prefilter: bool = True) -> Result:
+    """Breadth-first search over the scope. Stops at the first violation unless
+    all_violations (then it records the first, shortest, trace per violation id and does
+    not expand violating states)."""
+    cfg = sc.cfg
+    res = Result(sc, symmetric)
+    prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
+    t0 = time.perf_counter()
+    s0 = M.initial_state(cfg)
+    a0 = abstract(s0)
+    parents = [-1]
+    via = [None]
+    seen = {state_key(s0, symmetric): 0}
+    res.states = 1
+    res.level_sizes.append(1)
+    if check:
+        vs = check_state(a0, cfg)
+        if vs:
+            res.violations.append(Found(vs[0].id, vs[0].name, str(vs[0]), 0, []))
+            res.seconds = time.perf_counter() - t0
+            return res
+    pending_sits = [x for x in SITUATIONS if x.applies(cfg)]
+    frontier = [(0, s0, a0)]
+    depth = 0
+    next_progress = t0 + progress_every
+    found_ids = set()
+    stop = False
+
+    def trace_of(idx, op=None):
+        out = [] if op is None else [op]
+        while idx > 0:
+            out.append(via[idx])
+            idx = parents[idx]
+        out.reverse()
+        return out
+
+    while frontier and not stop:
+        if depth >= sc.max_depth:
+            break
+        nxt = []
+        d1 = depth + 1
+        for idx, s, a in frontier:
+            for op in candidate_ops(s, sc, symmetric):
+                res.transitions += 1
+                name = op.name
+                res.op_counts[name] += 1
+                try:
+                    s2, out = M.step(s, op)
+                except M.ModelError as e:
+                    found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
+                                  str(e), d1, trace_of(idx, op))
+                    s2 = None
+                except Exception as e:  # a defect in spec/ itself
+                    found = Found(SPEC_EXCEPTION, "the spec raised",
+                                  f"{type(e).__name__}: {e}", d1, trace_of(idx, op))
+                    s2 = None
+                if s2 is None:
+                    if found.id not in found_ids:
+                        found_ids.add(found.id)
+                        res.violations.append(found)
+                        if not all_violations:
+                            stop = True
+                            break
+                    continue
+                oc = (name, out)
+                res.outcome_counts[oc] += 1
+                if name not in res.op_first:
+                    res.op_first[name] = d1
+                if oc not in res.outcome_first:
+                    res.outcome_first[oc] = d1
+                if pending_sits:
+                    hit = [x for x in pending_sits if x.detect(cfg, s, op, out, s2)]
+                    for x in hit:
+                        res.reached[x.id] = d1
+                        pending_sits.remove(x)
+                key = state_key(s2, symmetric)
+                known = key in seen
+                if known and (not check or prefilter and not step_check_needed(s, op, out, s2)):
+                    continue
+                a2 = abstract(s2)
+                vs = []
+                if check:
+                    if not known:
+                        vs = check_state(a2, cfg)
+                    vs += check_step(a, op, out, a2)
+                if vs:
+                    v = vs[0]
+                    if v.id not in found_ids:
+                        found_ids.add(v.id)
+                        res.violations.append(Found(v.id, v.name, str(v), d1, trace_of(idx, op)))
+                        if not all_violations:
+                            stop = True
+                            break
+                    if not known:
+                        seen[key] = -1          # violating: recorded, never expanded
+                    continue
+                if known:
+                    continue
+                n = len(parents)
+                seen[key] = n
+                parents.append(idx)
+                via.append(op)
+                nxt.append((n, s2, a2))
+                res.states += 1
+                if max_states is not None and res.states >= max_states:
+                    res.stopped = f"state budget {max_states} reached"
+                    stop = True
+                    break
+            if progress is not None:
+                now = time.perf_counter()
+                if now >= next_progress:
+                    next_progress = now + progress_every
+                    progress(res, depth, len(nxt), now - t0)
+            if stop:
+                break
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                res.stopped = f"time budget {max_seconds:g} s reached"
+                stop = True
+                break
+        if not stop:
+            res.complete_depth = depth
+        depth = d1
+        if nxt:
+            res.max_depth = depth
+            res.level_sizes.append(len(nxt))
+        frontier = nxt
+    if not frontier and not stop:
+        res.exhausted = True
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# ---------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------
+
+def report(res: Result, out=sys.stdout) -> None:
+    sc, cfg = res.scope, res.scope.cfg
+    w = lambda line="": print(line, file=out)
+    w(f"scope {sc.describe()}")
+    w(f"  symmetry reduction: {'on' if res.symmetric else 'off'}")
+    cover = ("exhausted: every reachable state within the scope was visited" if res.exhausted
+             else f"complete to depth {res.complete_depth}" +
+             (f" (depth bound {sc.max_depth})" if res.complete_depth == sc.max_depth else ""))
+    if res.stopped:
+        cover += f"; stopped early: {res.stopped}"
+    w(f"  {res.states} distinct states, {res.transitions} transitions, max depth {res.max_depth}, "
+      f"{res.seconds:.1f} s, {res.states_per_s:,.0f} states/s")
+    w(f"  coverage: {cover}")
+    w(f"  states per depth: {res.level_sizes}")
+    w("  operations (transitions taken; first depth; outcomes):")
+    for name in O.OP_NAMES:
+        na = _op_applies(name, cfg)
+        if name in res.op_first:
+            outs = ", ".join(f"{o} {res.outcome_counts[(name, o)]}@{res.outcome_first[(name, o)]}"
+                             for o in O.OUTCOMES if (name, o) in res.outcome_first)
+            w(f"    {name:15s} {res.op_counts[name]:9d}  depth {res.op_first[name]:2d}  {outs}")
+        elif na:
+            w(f"    {name:15s}         -  n/a ({na})")
+        else:
+            w(f"    {name:15s}         0  NOT REACHED in this scope")
+    w("  situations (sometimes):")
+    for x in SITUATIONS:
+        if x.id in res.reached:
+            w(f"    reached at depth {res.reached[x.id]:2d}  {x.id}: {x.text}")
+        elif not x.applies(cfg):
+            w(f"    n/a ({x.why_not})   {x.id}: {x.text}")
+        else:
+            w(f"    NOT REACHED          {x.id}: {x.text}")
+    if res.violations:
+        for v in res.violations:
+            w(f"  VIOLATION {v.id} {v.name} at step {v.depth - 1} (trace of {v.depth} ops): {v.message}")
+    else:
+        w("  no violation")
+
+
+def missed(res: Result) -> list:
+    """Reachability goals that apply to the scope's config but were not reached."""
+    cfg = res.scope.cfg
+    out = [n for n in O.OP_NAMES if n not in res.op_first and not _op_applies(n, cfg)]
+    out += [x.id for x in SITUATIONS if x.applies(cfg) and x.id not in res.reached]
+    return out
+
+
+def to_trace(res: Result, v: Found):
+    from kvcheck.trace import Expect, Trace
+    return Trace(res.scope.cfg, list(v.ops),
+                 Expect("violation", v.id, v.depth - 1, "spec"),
+                 {"source": "explore", "scope": res.scope.name,
+                  "symmetry": res.symmetric, "message": v.message,
+                  "states": res.states, "shortest": True})
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+
+def _ints(text: str) -> tuple:
+    try:
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _word_list(text: str) -> tuple:
+    """'2,2,3;2,2' -> ((2, 2, 3), (2, 2))."""
+    try:
+        ws = tuple(tuple(int(t) for t in w.split(",") if t.strip() != "")
+                   for w in text.split(";") if w.strip() != "")
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected words like '2,2,3;2,2', got {text!r}") from None
+    return ws
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="check", help=f"named scope(s): {', '.join(PRESETS)} "
+                   "(default check); the flags below override its fields")
+    p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    g = p.add_argument_group("scope")
+    g.add_argument("--page-size", type=int)
+    g.add_argument("--pages", type=int, help="num_pages")
+    g.add_argument("--rows", type=int, help="num_rows")
+    g.add_argument("--context", type=int, help="max_context_len")
+    g.add_argument("--chunk-size", type=int, help="chunked prefill budget (0: off)")
+    g.add_argument("--spec", dest="spec_enabled", action=argparse.BooleanOptionalAction)
+    g.add_argument("--max-drafts", type=int)
+    g.add_argument("--overlap", action=argparse.BooleanOptionalAction)
+    g.add_argument("--era", choices=("wrapper", "borrow"))
+    g.add_argument("--sessions", type=int, help="session ids 1..N")
+    g.add_argument("--plain", type=int, help="plain requests live at once")
+    g.add_argument("--max-live", type=int, help="requests live at once")
+    g.add_argument("--prompts", type=_word_list, help="plain prompts, e.g. '2,2,3;2,3'")
+    g.add_argument("--turns", type=_word_list, help="turn new_tokens, e.g. '2;2,2,2'")
+    g.add_argument("--alphabet", type=_ints, help="with --lengths: every prompt and turn over it")
+    g.add_argument("--lengths", type=_ints, help="prompt lengths for --alphabet")
+    g.add_argument("--max-new", type=_ints, help="max_new_tokens choices, e.g. 1,2")
+    g.add_argument("--decode-tokens", type=_ints)
+    g.add_argument("--evict", type=_ints, help="Evict(num_tokens) choices ('' for none)")
+    g.add_argument("--reject", action=argparse.BooleanOptionalAction,
+                   help="also try schedule(admit=false)")
+    g.add_argument("--max-depth", type=int)
+    b = p.add_argument_group("search")
+    b.add_argument("--no-symmetry", action="store_true", help="no symmetry reduction")
+    b.add_argument("--compare", action="store_true",
+                   help="run with and without symmetry reduction and compare")
+    b.add_argument("--all", dest="all_violations", action="store_true",
+                   help="keep going after a violation: the shortest trace per invariant")
+    b.add_argument("--max-states", type=int, help="stop cleanly after this many states")
+    b.add_argument("--max-seconds", type=float, help="stop cleanly after this many seconds")
+    b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
+    b.add_argument("--out", default="failures/explore",
+                   help="directory for counterexample traces (default failures/explore)")
+    b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    b.add_argument("--strict-coverage", action="store_true",
+                   help="exit 1 when an applicable reachability goal is not reached")
+
+
+def scopes_from_args(args) -> list:
+    if args.preset not in PRESETS:
+        raise ValueError(f"unknown preset {args.preset!r}; known: {', '.join(PRESETS)}")
+    out = []
+    for sc in PRESETS[args.preset]:
+        ckw = {}
+        for flag, f in (("page_size", "page_size"), ("pages", "num_pages"), ("rows", "num_rows"),
+                        ("context", "max_context_len"), ("spec_enabled", "spec_enabled"),
+                        ("max_drafts", "max_drafts"), ("overlap", "overlap"), ("era", "era")):
+            v = getattr(args, flag, None)
+            if v is not None:
+                ckw[f] = v
+        if getattr(args, "chunk_size", None) is not None:
+            ckw["chunk_size"] = args.chunk_size or None
+        cfg = replace(sc.cfg, **ckw) if ckw else sc.cfg     # replace re-validates
+        skw = {}
+        for f in ("sessions", "plain", "max_live", "prompts", "turns", "max_new",
+                  "decode_tokens", "evict", "reject", "max_depth"):
+            v = getattr(args, f, None)
+            if v is not None:
+                skw[f] = v
+        if getattr(args, "alphabet", None) is not None or getattr(args, "lengths", None) is not None:
+            ws = words(args.alphabet or (2, 3), args.lengths or (1, 2))
+            skw.setdefault("prompts", ws)
+            skw.setdefault("turns", ws)
+        sc2 = replace(sc, cfg=cfg, **skw)
+        for f in ("sessions", "plain", "max_live", "max_depth"):
+            if getattr(sc2, f) < 0:
+                raise ValueError(f"--{f.replace('_', '-')} must be >= 0")
+        if any(len(w) == 0 for w in sc2.prompts + sc2.turns):
+            raise ValueError("prompts and turns must be non-empty words")
+        out.append(sc2)
+    return out
+
+
+def _progress(res: Result, depth: int, nxt: int, el: float) -> None:
+    print(f"[explore {res.scope.name}] depth {depth + 1}: {res.states} states "
+          f"({res.states / el:,.0f}/s), {res.transitions} transitions, next level {nxt}, "
+          f"{el:.0f} s", file=sys.stderr, flush=True)
+
+
+def main(args) -> int:
+    if getattr(args, "list_presets", False):
+        for name, scs in PRESETS.items():
+            print(name)
+            for sc in scs:
+                print("   ", sc.describe())
+        return 0
+    try:
+        scopes = scopes_from_args(args)
+    except (ValueError, ConfigError) as e:
+        print(f"kvcheck explore: {e}", file=sys.stderr)
+        return 2
+    rc = 0
+    prog = None if getattr(args, "quiet", False) else _progress
+    for sc in scopes:
+        kw = dict(all_violations=args.all_violations, max_states=args.max_states,
+                  max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
+        runs = [True, False] if args.compare else [not args.no_symmetry]
+        results = [explore(sc, symmetric=sym, **kw) for sym in runs]
+        for res in results:
+            report(res)
+            for v in res.violations:
+                path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
+                to_trace(res, v).save(path)
+                print(f"  trace: {path}  (replay: kvcheck replay {path})")
+            if res.violations:
+                rc = 1
+            gaps = missed(res)
+            if gaps and args.strict_coverage and rc == 0:
+                print(f"  coverage goals missed: {', '.join(gaps)}")
+                rc = 1
+            print()
+        if args.compare:
+            a, b = results
+            ids = lambda r: sorted((v.id, v.depth) for v in r.violations)
+            same = ids(a) == ids(b)
+            print(f"symmetry comparison ({sc.name}): reduced {a.states} states / {a.transitions} "
+                  f"transitions in {a.seconds:.1f} s; unreduced {b.states} / {b.transitions} in "
+                  f"{b.seconds:.1f} s; ratio {b.states / max(a.states, 1):.2f}x; violations "
+                  f"{ids(a)} vs {ids(b)}: {'same' if same else 'DIFFERENT'}")
+            print()
+    return rc
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(prog="python -m kvcheck.explore")
+    add_arguments(ap)
+    sys.exit(main(ap.parse_args()))

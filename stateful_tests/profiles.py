@@ -1,0 +1,14 @@
+"""Hypothesis settings profiles.
+
+`CI=true` makes Hypothesis load its derandomised, database-less `ci` profile; the
+checks here register their own profiles so a run's budget and seed are explicit:
+- `kvcheck-check`: what `make check` / `make test` run: fixed budget, derandomised.
+- `kvcheck-fuzz`: not derandomised; the fuzz driver records and prints its seed.
+"""
+from hypothesis import HealthCheck, Phase, settings
+
+COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck),
+              stateful_step_count=60, database=None)
+
+settings.register_profile("kvcheck-check", max_examples=150, derandomize=True, **COMMON)
+settings.register_profile("kvcheck-fuzz", max_examples=10**9, derandomize=False, **COMMON)

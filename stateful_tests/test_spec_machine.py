@@ -1,0 +1,21 @@
+"""The spec alone under its Hypothesis state machine: all invariants after every step."""
+from hypothesis import settings
+
+from stateful_tests import profiles  # noqa: F401
+from stateful_tests.machine import COVERAGE, make_machine
+from spec.ops import OP_NAMES
+
+SpecMachine = make_machine(None)
+TestSpecMachine = SpecMachine.TestCase
+TestSpecMachine.settings = settings(settings.get_profile("kvcheck-check"), max_examples=120)
+
+
+def test_every_operation_runs():
+    """The machine reaches every operation of the vocabulary (not just generates it)."""
+    from hypothesis import given, settings as s_
+    from hypothesis.stateful import run_state_machine_as_test
+    COVERAGE.clear()
+    run_state_machine_as_test(SpecMachine, settings=settings(settings.get_profile("kvcheck-check"),
+                                                              max_examples=200))
+    missing = [n for n in OP_NAMES if COVERAGE[n] == 0]
+    assert not missing, f"operations never applied: {missing}; coverage {dict(COVERAGE)}"
