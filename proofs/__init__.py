@@ -1,0 +1,83 @@
+"""kvcheck proofs: z3 lemmas over the page arithmetic of spec/pages.py (symbolic page
+size), 1-induction of the accounting identity over abstract counters, negative controls
+that must be refuted, and CrossHair on the spec's PEP 316 contracts.
+
+    proofs.run_all(verbose) -> list[Result]
+    proofs.report(results) -> str
+    python -m proofs          (exit 1 unless every lemma is proved and every control refuted)
+"""
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+from proofs.core import Result
+
+__all__ = ["Result", "run_all", "report", "ok"]
+
+
+def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
+    from proofs.crosshair_check import run_crosshair
+    from proofs.induction import run_induction
+    from proofs.lemmas import LEMMAS, run_lemma
+
+    box: list = []
+    th = None
+    if crosshair:  # CrossHair runs in subprocesses, concurrently with z3
+        th = threading.Thread(target=lambda: box.extend(run_crosshair()), daemon=True)
+        th.start()
+    results: list[Result] = []
+
+    def emit(rs):
+        results.extend(rs)
+        if verbose:
+            for r in rs:
+                print(_line(r), file=sys.stderr, flush=True)
+
+    for lem in LEMMAS:
+        emit(run_lemma(lem))
+    emit(run_induction())
+    if th is not None:
+        th.join()
+        emit(box)
+    return results
+
+
+def ok(results: list[Result]) -> bool:
+    return bool(results) and all(r.ok for r in results)
+
+
+def _word(r: Result) -> str:
+    if r.kind == "crosshair" and r.status == "proved":
+        return "checked"
+    return r.status
+
+
+def _line(r: Result) -> str:
+    mark = "ok  " if r.ok else "FAIL"
+    exp = "" if r.ok else f" (expected {r.expected})"
+    s = f"{mark} {_word(r):8s} {r.seconds:6.2f}s  {r.name}{exp}"
+    if r.detail and (not r.ok or r.kind in ("control", "crosshair", "induction")):
+        s += f"\n{'':22s}{r.detail}"
+    return s
+
+
+def report(results: list[Result]) -> str:
+    lines = []
+    for kind, title in (("lemma", "Page-arithmetic lemmas (z3, symbolic P >= 1)"),
+                        ("induction", "Inductive accounting (1-induction, abstract counters)"),
+                        ("crosshair", "CrossHair (PEP 316 contracts of spec/pages.py)"),
+                        ("control", "Negative controls (must be refuted)")):
+        rs = [r for r in results if r.kind == kind]
+        if not rs:
+            continue
+        lines.append(f"== {title}")
+        lines.extend(_line(r) for r in rs)
+    n_bad = sum(not r.ok for r in results)
+    total = sum(r.seconds for r in results if r.kind != "crosshair")
+    lines.append(f"== {len(results) - n_bad}/{len(results)} as expected"
+                 f" ({sum(r.kind == 'lemma' or r.kind == 'induction' for r in results)} proofs, "
+                 f"{sum(r.kind == 'control' for r in results)} controls); z3 time {total:.1f}s"
+                 + ("" if not n_bad else f"; {n_bad} NOT as expected"))
+    return "\n".join(lines)

@@ -84,9 +84,13 @@ def monotonicity(terms, divisors, limit: int = 40) -> list:
     return out
 
 
-def _solve(hyps, extra, goal, timeout_ms, tactic: bool):
-    s = (z3.Then("simplify", "purify-arith", "propagate-values", "solve-eqs", "smt").solver()
-         if tactic else z3.Solver())
+def _solve(hyps, extra, goal, timeout_ms, tactic: bool, logic: str | None = None):
+    if logic:
+        s = z3.SolverFor(logic)
+    elif tactic:
+        s = z3.Then("simplify", "purify-arith", "propagate-values", "solve-eqs", "smt").solver()
+    else:
+        s = z3.Solver()
     s.set("timeout", max(1, int(timeout_ms)))
     s.add(*hyps)
     s.add(*extra)
@@ -94,12 +98,19 @@ def _solve(hyps, extra, goal, timeout_ms, tactic: bool):
     return s.check(), s
 
 
-def check(hyps: list, goal, timeout_ms: int = TIMEOUT_MS, divisors=()):
+def check(hyps: list, goal, timeout_ms: int = TIMEOUT_MS, divisors=(), split: bool = True,
+          logic: str | None = None):
     """Prove hyps => goal for all values of the free variables, conjunct by conjunct.
     Returns (status, model-as-dict or None): "proved", "refuted" (with a
     counterexample) or "unknown" (time limit)."""
     deadline = time.perf_counter() + timeout_ms / 1000
     status = "proved"
+    if not split:  # the whole goal at once first (often faster for linear goals)
+        r, s = _solve(hyps, [], goal, min(timeout_ms, 10_000), False, logic)
+        if r == z3.unsat:
+            return "proved", None
+        if r == z3.sat:
+            return "refuted", _model(s.model())
     for g in conjuncts(goal):
         mono = monotonicity(list(hyps) + [g], divisors) if divisors else []
         res = None
