@@ -100,12 +100,12 @@ PRESETS: dict[str, tuple] = {
         _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,
                                      overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1, 2), evict=(2,), max_depth=13),
+               max_new=(1, 2), evict=(2,), max_depth=11),
         _scope("check-spec-borrow", dict(page_size=2, num_pages=5, num_rows=2, max_context_len=16,
                                          spec_enabled=True, max_drafts=1, chunk_size=2,
                                          era="borrow"),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1,), evict=(), max_depth=10),
+               max_new=(2,), evict=(2,), max_depth=10),
     ),
     # the tests' scope: small enough that the unreduced run finishes too
     "tiny": (
@@ -197,7 +197,12 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
                 r.overallocated_freed, r.is_retracted, r.extend_end)
 
     rsig = {rid: req_sig(r) for rid, r in reqs.items()}
-    if symmetric:
+    if symmetric and len(sid_set) <= 1 and len(reqs) <= 1:
+        sid_order = list(sid_set)
+        sid_l = {sid: 1 for sid in sid_order}
+        rid_order = list(reqs)
+        rid_l = {rid: 1 for rid in rid_order}
+    elif symmetric:
         def sess_sig(sid):
             x = sessions.get(sid)
             t = slots.get(sid)
@@ -207,7 +212,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
                          None if t is None else (t.row is None, t.committed, t.allocated,
                                                  t.protected, t.last_node is None),
                          tuple(att)))
-        sid_order = sorted(sid_set, key=sess_sig)
+        sid_order = sorted(sid_set, key=sess_sig) if len(sid_set) > 1 else list(sid_set)
         sid_l = {sid: i + 1 for i, sid in enumerate(sid_order)}
         rid_order = sorted(reqs, key=lambda rid: hash((rsig[rid], sid_l.get(reqs[rid].session))))
         rid_l = {rid: i + 1 for i, rid in enumerate(rid_order)}
@@ -231,8 +236,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
 
     node_list = sorted(((path(nid), n) for nid, n in nodes.items() if nid != ROOT),
                        key=lambda x: x[0])
-    ticks = sorted({n.tick for _, n in node_list})
-    trank = {t: i for i, t in enumerate(ticks)}
+    trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
 
     pages: dict = {}
     if symmetric:
@@ -404,17 +408,26 @@ def _restoring(b: State, op):
     return r, r.session, t
 
 
-def _tail_free_mid_page(cfg, b, op, out, a):
+def _restore_tail(cfg, b, op, a):
+    """(prefix_len, slot allocated before) of a restore that cut the slot's tail."""
     x = _restoring(b, op)
     if x is None:
-        return False
+        return None
     r, sid, t0 = x
     t1 = a.slots.get(sid)
-    if t1 is None:
-        return False
-    P = cfg.page_size
-    kept = t1.allocated                     # prefix_len after _free_tail
-    return kept % P != 0 and t0.allocated > -(-kept // P) * P
+    if t1 is None or t1.allocated >= t0.allocated:
+        return None
+    return t1.allocated, t0.allocated         # _free_tail sets slot.allocated = prefix_len
+
+
+def _tail_free_at_page_boundary(cfg, b, op, out, a):
+    x = _restore_tail(cfg, b, op, a)
+    return x is not None and x[0] % cfg.page_size == 0
+
+
+def _tail_kept_mid_page(cfg, b, op, out, a):
+    x = _restore_tail(cfg, b, op, a)
+    return x is not None and x[0] % cfg.page_size != 0
 
 
 def _split_under_lock(cfg, b, op, out, a):
@@ -479,10 +492,10 @@ def _parked_turn_dropped(cfg, b, op, out, a):
             and r.session in b.slots and r.session not in a.slots)
 
 
-def _spec_overshoot_trimmed(cfg, b, op, out, a):
-    if not isinstance(op, (O.Finish, O.Retract)):
+def _spec_overshoot(cfg, b, op, out, a):
+    if not isinstance(op, O.SpecDecode) or out != "ok":
         return False
-    r = b.reqs[op.rid]
+    r = a.reqs[op.rid]
     return len(r.output) > r.max_new_tokens
 
 
@@ -495,9 +508,12 @@ def _slot_lends_row(cfg, b, op, out, a):
 
 
 SITUATIONS: tuple = (
-    Situation("tail_free_mid_page", "a page-boundary tail free (restore keeps a partial page, "
-              "frees the pages past it)", _tail_free_mid_page, lambda c: c.page_size > 1,
-              "page_size 1"),
+    Situation("tail_free_at_page_boundary", "a page-boundary tail free (a restore cuts the "
+              "slot's tail at a page boundary: the page past it is freed)",
+              _tail_free_at_page_boundary),
+    Situation("tail_kept_mid_page", "a mid-page tail cut (a restore cuts the slot's tail inside "
+              "a page: the partial page stays attached)", _tail_kept_mid_page,
+              lambda c: c.page_size > 1, "page_size 1"),
     Situation("split_under_lock", "a node split under a lock (the locked node gets a new parent)",
               _split_under_lock),
     Situation("deferred_close_done", "a deferred close carried out when the turn ended",
@@ -517,8 +533,8 @@ SITUATIONS: tuple = (
               _pre_abort_detach),
     Situation("parked_turn_dropped", "a retracted turn's parked KV released when it ends unsuccessfully",
               _parked_turn_dropped),
-    Situation("spec_overshoot_trimmed", "a speculative overshoot past max_new_tokens trimmed",
-              _spec_overshoot_trimmed, lambda c: c.spec_enabled, "spec off"),
+    Situation("spec_overshoot", "a speculative step accepts past max_new_tokens (trimmed at "
+              "finish)", _spec_overshoot, lambda c: c.spec_enabled, "spec off"),
     Situation("shared_lock", "a tree node locked by two holders", _shared_lock),
     Situation("slot_lends_row", "a later turn admitted on its slot's row", _slot_lends_row),
 )
@@ -746,9 +762,14 @@ def report(res: Result, out=sys.stdout) -> None:
     w = lambda line="": print(line, file=out)
     w(f"scope {sc.describe()}")
     w(f"  symmetry reduction: {'on' if res.symmetric else 'off'}")
-    cover = ("exhausted: every reachable state within the scope was visited" if res.exhausted
-             else f"complete to depth {res.complete_depth}" +
-             (f" (depth bound {sc.max_depth})" if res.complete_depth == sc.max_depth else ""))
+    if res.exhausted:
+        cover = "exhausted: every reachable state of the scope was visited"
+    elif not res.stopped:
+        cover = (f"every state within {res.max_depth} steps visited (depth bound "
+                 f"{sc.max_depth}; the last level is not expanded)")
+    else:
+        cover = (f"every state within {res.complete_depth + 1} steps visited, depth "
+                 f"{res.complete_depth + 2} partly")
     if res.stopped:
         cover += f"; stopped early: {res.stopped}"
     w(f"  {res.states} distinct states, {res.transitions} transitions, max depth {res.max_depth}, "
