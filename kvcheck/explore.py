@@ -111,7 +111,7 @@ PRESETS: dict[str, tuple] = {
     "tiny": (
         _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1,), evict=(), max_depth=9),
+               max_new=(1,), evict=(), max_depth=8),
     ),
     # two sessions sharing the tree with a plain request
     "two-sessions": (
@@ -657,8 +657,9 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
         out.reverse()
         return out
 
+    stop_at_level_end = False
     while frontier and not stop:
-        if depth >= sc.max_depth:
+        if depth >= sc.max_depth or stop_at_level_end:
             break
         nxt = []
         d1 = depth + 1
@@ -678,12 +679,14 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                                   f"{type(e).__name__}: {e}", d1, trace_of(idx, op))
                     s2 = None
                 if s2 is None:
+                    # an exception inside the step: keep going to the end of this level,
+                    # so that an invariant violation at the same depth (which replays
+                    # cleanly through run_ops) is preferred
                     if found.id not in found_ids:
                         found_ids.add(found.id)
                         res.violations.append(found)
                         if not all_violations:
-                            stop = True
-                            break
+                            stop_at_level_end = True
                     continue
                 oc = (name, out)
                 res.outcome_counts[oc] += 1
@@ -710,8 +713,10 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                     v = vs[0]
                     if v.id not in found_ids:
                         found_ids.add(v.id)
-                        res.violations.append(Found(v.id, v.name, str(v), d1, trace_of(idx, op)))
+                        res.violations.insert(0, Found(v.id, v.name, str(v), d1, trace_of(idx, op)))
                         if not all_violations:
+                            del res.violations[1:]
+                            res.stopped = "first violation found"
                             stop = True
                             break
                     if not known:
@@ -749,6 +754,10 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
         frontier = nxt
     if not frontier and not stop:
         res.exhausted = True
+    if stop_at_level_end and not res.stopped:
+        res.stopped = "first violation found (an exception in the step; level finished)"
+    # invariant violations first (they replay through run_ops), then M1, then E1
+    res.violations.sort(key=lambda v: (v.depth, v.id == SPEC_EXCEPTION, v.id == SPEC_ASSERTION))
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -757,7 +766,8 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
 # report
 # ---------------------------------------------------------------------------
 
-def report(res: Result, out=sys.stdout) -> None:
+def report(res: Result, out=None) -> None:
+    out = sys.stdout if out is None else out
     sc, cfg = res.scope, res.scope.cfg
     w = lambda line="": print(line, file=out)
     w(f"scope {sc.describe()}")

@@ -1,0 +1,98 @@
+"""Distinct states per second of `kvcheck explore` on a fixed preset, one core, invariants on.
+
+    python -m benchmarks.bench_explore [--preset bench] [--max-depth N] [--breakdown]
+
+Prints the search figures (distinct states, transitions, states/s) and, with
+--breakdown, the cost of each part of one BFS transition measured in isolation on a
+sample of the visited states: candidate ops (spec guards), spec.model.step (of which
+State.clone), state_key, spec.view.abstract, check_state and check_step.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+from kvcheck import explore as E
+from spec import model as M
+from spec.invariants import check_state, check_step
+from spec.view import abstract
+
+
+def _per_call(fn, xs) -> float:
+    t = time.perf_counter()
+    for x in xs:
+        fn(x)
+    return (time.perf_counter() - t) / max(len(xs), 1) * 1e6
+
+
+def breakdown(sc, sample: int = 2000) -> None:
+    # collect a spread of states (every level) without checks
+    frontier, seen, states = [M.initial_state(sc.cfg)], set(), []
+    for _ in range(sc.max_depth):
+        nxt = []
+        for s in frontier:
+            for op in E.candidate_ops(s, sc):
+                s2, _ = M.step(s, op)
+                k = E.state_key(s2)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(s2)
+        states += nxt
+        frontier = nxt
+    step_ = max(1, len(states) // sample)
+    states = states[::step_][:sample]
+    trs = [(s, op) for s in states for op in E.candidate_ops(s, sc)]
+    outs = [(s, op) + M.step(s, op) for s, op in trs]
+    abs_ = [(abstract(s), op, out, abstract(s2)) for s, op, s2, out in outs]
+    per_state = len(trs) / len(states)
+    rows = [
+        ("candidate_ops (guards)", _per_call(lambda s: E.candidate_ops(s, sc), states), 1.0),
+        ("spec step", _per_call(lambda x: M.step(*x), trs), per_state),
+        ("  of which State.clone", _per_call(lambda x: x[0].clone(), trs), 0.0),
+        ("state_key (symmetric)", _per_call(lambda x: E.state_key(x[2]), outs), per_state),
+        ("step_check_needed", _per_call(lambda x: E.step_check_needed(x[0], x[1], x[3], x[2]), outs),
+         per_state),
+        ("abstract", _per_call(lambda x: abstract(x[2]), outs), None),
+        ("check_state", _per_call(lambda x: check_state(x[3], sc.cfg), abs_), 1.0),
+        ("check_step", _per_call(lambda x: check_step(*x), abs_), None),
+    ]
+    needed = sum(1 for s, op, s2, out in outs if E.step_check_needed(s, op, out, s2)) / len(outs)
+    print(f"breakdown on {len(states)} sampled states, {per_state:.1f} transitions per state, "
+          f"step invariants needed on {needed:.0%} of transitions:")
+    total = 0.0
+    for name, us, mult in rows:
+        if mult is None:   # abstract / check_step: once per new state + on prefiltered transitions
+            mult = 1.0 + needed * per_state if name == "abstract" else 1.0 + needed * per_state
+        cost = us * mult
+        if not name.startswith("  "):
+            total += cost
+        print(f"  {name:26s} {us:7.1f} us/call  x{mult:4.1f}  = {cost:7.1f} us per distinct state")
+    print(f"  {'estimated total':26s} {total:7.1f} us per distinct state "
+          f"(~{1e6 / total:,.0f} states/s)")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_explore")
+    ap.add_argument("--preset", default="bench")
+    ap.add_argument("--max-depth", type=int)
+    ap.add_argument("--breakdown", action="store_true")
+    args = ap.parse_args(argv)
+    sc = E.PRESETS[args.preset][0]
+    if args.max_depth is not None:
+        sc = replace(sc, max_depth=args.max_depth)
+    print(sc.describe())
+    res = E.explore(sc)
+    print(f"explore: {res.states} distinct states, {res.transitions} transitions, "
+          f"{res.seconds:.2f} s -> {res.states_per_s:,.0f} distinct states/s "
+          f"({res.transitions / res.seconds:,.0f} transitions/s), invariants checked, "
+          f"{'no violation' if not res.violations else res.violations[0].id}")
+    raw = E.explore(sc, check=False)
+    print(f"without invariants: {raw.states_per_s:,.0f} distinct states/s")
+    if args.breakdown:
+        breakdown(sc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
