@@ -5,6 +5,8 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvcheck-installed
 SECONDS ?= 60
+SGLANG_VERSIONS ?= 0.5.15
+CHECK_SGLANG_EXAMPLES ?= 40
 SEED ?=
 TRACE ?=
 
@@ -40,6 +42,21 @@ prove: $(STAMP)
 
 selftest: $(STAMP)
 	$(VENV)/bin/kvcheck selftest
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench_impl
+	$(PY) -m benchmarks.bench_diff
+	$(PY) -m benchmarks.bench_explore
+
+# Real upstream releases, each in its own venv (.venv-sglang-VERSION), built from PyPI.
+sglang-env:
+	@for v in $(SGLANG_VERSIONS); do adapters/sglang/make_env.sh $$v || exit 1; done
+
+check-sglang: $(STAMP) sglang-env
+	@for v in $(SGLANG_VERSIONS); do \
+	  echo "=== sglang $$v: recorded findings, regression corpus, differential run"; \
+	  $(VENV)/bin/kvcheck check --backend sglang:$$v --examples $(CHECK_SGLANG_EXAMPLES) --skip-explore --skip-proofs || exit 1; \
+	done
 
 clean:
 	rm -rf $(VENV) .hypothesis .pytest_cache failures

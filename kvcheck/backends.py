@@ -9,6 +9,15 @@ class BackendError(ValueError):
     pass
 
 
+def known_findings(name: str):
+    """The skip predicate for a release with recorded upstream findings, or None."""
+    if name.startswith("sglang"):
+        version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
+        from adapters.sglang.findings import known_trigger
+        return known_trigger(version)
+    return None
+
+
 def resolve(name: str) -> tuple[Optional[Callable], str]:
     """(factory(cfg) -> Backend, or None for the spec alone; display name)."""
     if name == "spec":

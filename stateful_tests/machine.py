@@ -41,9 +41,10 @@ STEPS = Counter()
 
 
 @st.composite
-def configs(draw, page_sizes=(1, 2, 4)) -> Config:
+def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None) -> Config:
     P = draw(st.sampled_from(page_sizes))
-    spec_enabled = draw(st.booleans())
+    if spec_enabled is None:
+        spec_enabled = draw(st.booleans())
     return Config(
         page_size=P,
         num_pages=draw(st.integers(4, 40 // P + 4)),
@@ -103,10 +104,17 @@ class KVMachine(RuleBasedStateMachine):
             self.backend.close()
 
     # -- the one place an op is applied -----------------------------------
+    skip = None                 # (state, op) -> reason to leave op out (a recorded finding)
+
     def apply(self, op):
         if not enabled(self.s, op):
             event("skipped: not enabled")
             return
+        if self.skip is not None:
+            reason = type(self).skip(self.s, op)
+            if reason:
+                event(f"skipped: recorded finding {reason}")
+                return
         i = len(self.ops)
         self.ops.append(op)
         try:
@@ -263,9 +271,9 @@ class KVMachine(RuleBasedStateMachine):
         assert self.s is None or self.cfg is not None
 
 
-def make_machine(backend_factory=None, name: str = "impl", config_strategy=None):
+def make_machine(backend_factory=None, name: str = "impl", config_strategy=None, skip=None):
     attrs = {"backend_factory": staticmethod(backend_factory) if backend_factory else None,
-             "backend_name": name}
+             "backend_name": name, "skip": staticmethod(skip) if skip else None}
     cls = type(f"KVMachine_{name if backend_factory else 'spec'}", (KVMachine,), attrs)
     if config_strategy is not None:
         cls.config_strategy = config_strategy

@@ -14,8 +14,10 @@ def test_every_operation_runs():
     """The machine reaches every operation of the vocabulary (not just generates it)."""
     from hypothesis import given, settings as s_
     from hypothesis.stateful import run_state_machine_as_test
+    from stateful_tests.machine import configs
     COVERAGE.clear()
-    run_state_machine_as_test(SpecMachine, settings=settings(settings.get_profile("kvcheck-check"),
-                                                              max_examples=200))
+    for spec_on in (False, True):
+        run_state_machine_as_test(make_machine(None, config_strategy=configs(spec_enabled=spec_on)),
+                                  settings=settings(settings.get_profile("kvcheck-check"), max_examples=80))
     missing = [n for n in OP_NAMES if COVERAGE[n] == 0]
     assert not missing, f"operations never applied: {missing}; coverage {dict(COVERAGE)}"

@@ -681,6 +681,12 @@ class SglangBackend:
         out.sort(key=lambda v: v.path)
         return out, paths
 
+    def _req_anchor(self, node, paths: dict, sid_hint, locked: bool):
+        """A radix anchor (root included) through which the request holds no lock is
+        stale and reported as None (docs/semantics.md, the abstract view)."""
+        a = self._anchor(node, paths, sid_hint)
+        return a if locked or (a is not None and a[0] == "virtual") else None
+
     def _anchor(self, node, paths: dict, sid_hint):
         if node is None:
             return None
@@ -745,7 +751,7 @@ class SglangBackend:
                 origin_len=len(req.origin_input_ids),
                 max_new_tokens=req.sampling_params.max_new_tokens, row=self._arow(row),
                 committed=committed, allocated=allocated, protected=protected,
-                anchor=self._anchor(req.last_node, paths, sid), locked=L.locked,
+                anchor=self._req_anchor(req.last_node, paths, sid, L.locked), locked=L.locked,
                 to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
                 committed_freed=bool(self._flag(req, "kv_committed_freed")),
                 overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
