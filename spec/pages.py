@@ -84,7 +84,11 @@ def pages_needed_extend(prefix: int, seq: int, p: int) -> int:
 
 def decode_needs_new_page(pos: int, p: int) -> bool:
     """`alloc_decode` writing row position `pos` (seq_len_next = pos + 1) takes a new page
-    iff pos is the first position of its page, i.e. seq_len_next % P == 1 (mod P)."""
+    iff pos is the first position of its page: seq_len_next % P == 1 % P (always for P = 1).
+    pre: p >= 1
+    pre: pos >= 0
+    post: __return__ == ((pos + 1) % p == 1 % p)
+    """
     return pos % p == 0
 
 
@@ -102,7 +106,7 @@ def owned_tokens(protected: int, allocated: int, p: int) -> int:
 def trim_overshoot_lengths(committed: int, allocated: int, target: int) -> tuple[int, int]:
     """`_trim_overshoot`: (committed, allocated) after capping at target.
     pre: 0 <= committed <= allocated
-    post: __return__[0] <= __return__[1] <= target or __return__[1] == allocated <= target
+    post: __return__ == (min(committed, target), min(allocated, target))
     post: __return__[0] <= __return__[1]
     """
     return min(committed, target), min(allocated, target)
@@ -126,7 +130,7 @@ def restore_prefix_len(committed: int, input_len: int) -> int:
     return min(committed, input_len - 1)
 
 
-def chunk_end(prefix: int, input_len: int, chunk_size, p: int) -> int:
+def chunk_end(prefix: int, input_len: int, chunk_size: int | None, p: int) -> int:
     """End of the next prefill chunk: the whole input, or `prefix + chunk_size // P * P`
     (`PrefillAdder` truncates a chunk to whole pages).
     pre: p >= 1
@@ -142,7 +146,8 @@ def chunk_end(prefix: int, input_len: int, chunk_size, p: int) -> int:
 def segment_trim(prev_end: int, start: int, n: int, p: int) -> tuple[int, int]:
     """`free_segments` boundary rule: a segment [start, start+n) whose first page is the
     previous segment's last page is trimmed to start at the next page boundary.
-    Returns (new_start, new_n).
+    Returns (new_start, new_n); new_n <= 0 means the segment lies inside the shared page
+    and emits nothing (callers clamp with max(0, n)).
     pre: p >= 1
     pre: 0 < prev_end <= start
     pre: n >= 0
