@@ -77,6 +77,8 @@ class FuzzReport:
                          f"{f.seconds_to_find:.1f} s): {f.summary}")
             lines.append(f"    trace:  {f.path}")
             lines.append(f"    replay: kvcheck replay {f.path} --backend {self.backend}")
+            lines.append(f"    keep it: mv {f.path} stateful_tests/regressions/ "
+                         "(replayed by make check and make test from then on)")
         if self.duplicates:
             lines.append(f"  ({self.duplicates} more failure(s) with an already-reported invariant)")
         return "\n".join(lines)
@@ -166,14 +168,17 @@ def _shrink_and_write(cfg, ops, failure, factory, bname, out_dir, seed, rnd, fou
         f = outcome(candidate)
         return f is not None and f.id == failure.id and f.side == failure.side
 
+    name = f"{failure.id}-{failure.side}-seed{seed}-r{rnd - 1}.json"
+    meta = {"source": "fuzz", "seed": seed, "round": rnd - 1, "backend": bname,
+            **({"planted_fault": label} if label else {})}
+    # written before shrinking, so an interrupt during the shrink still leaves a trace
+    Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side),
+          {**meta, "shrunk": False}).save(Path(out_dir) / name)
     small = shrink(ops, fails_same, budget_s=budget) if fails_same(ops) else ops
     final = outcome(small) or failure
     summary = str(final.violations[0]) if final.violations else \
         f"{final.id} {final.name}" + (f": {final.details[0]}" if final.details else "")
     trace = Trace(cfg, small, Expect("violation", final.id, final.step, final.side),
-                  {"source": "fuzz", "seed": seed, "round": rnd - 1, "backend": bname,
-                   "summary": summary,
-                   **({"planted_fault": label} if label else {})})
-    name = f"{final.id}-{final.side}-seed{seed}-r{rnd - 1}.json"
+                  {**meta, "summary": summary})
     path = trace.save(Path(out_dir) / name)
     return Found(final.id, final.side, final.step, path, len(small), len(ops), found_at, summary)

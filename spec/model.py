@@ -152,11 +152,10 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     return new.id
 
 
-def match_prefix(s: State, key: tuple) -> tuple[int, list]:
-    """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
-    returns (last node id, matched page ids). Takes no lock."""
-    P = s.cfg.page_size
-    key = key[:floor_align(len(key), P)]
+def _walk(s: State, key: tuple) -> tuple[int, int, list]:
+    """The walk `match_prefix` and `insert` share: one access tick for the call, every
+    node on the path stamped with it (before a split too, so both halves carry it), a
+    node the key ends inside split. Returns (last node id, matched length, its pages)."""
     s.tick += 1
     nid, pages, i = ROOT, [], 0
     while i < len(key):
@@ -164,7 +163,7 @@ def match_prefix(s: State, key: tuple) -> tuple[int, list]:
         if cid is None:
             break
         child = s.nodes[cid]
-        child.tick = s.tick             # stamped before a split: both halves carry it
+        child.tick = s.tick
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -173,6 +172,13 @@ def match_prefix(s: State, key: tuple) -> tuple[int, list]:
         pages.extend(child.pages)
         i += m
         nid = cid
+    return nid, i, pages
+
+
+def match_prefix(s: State, key: tuple) -> tuple[int, list]:
+    """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
+    returns (last node id, matched page ids). Takes no lock."""
+    nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)])
     return nid, pages
 
 
@@ -180,21 +186,7 @@ def insert(s: State, key: tuple, pages: list) -> int:
     """`RadixCache.insert`: returns how much already existed; the new suffix becomes a
     fresh leaf (evictable). The caller frees its duplicates of the existing part."""
     P = s.cfg.page_size
-    s.tick += 1
-    nid, i = ROOT, 0
-    while i < len(key):
-        cid = s.nodes[nid].children.get(_page_key(s, key, i))
-        if cid is None:
-            break
-        child = s.nodes[cid]
-        child.tick = s.tick             # stamped before a split: both halves carry it
-        m = _match_len(s, child.key, key[i:])
-        if m < len(child.key):
-            cid = _split_node(s, cid, m)
-            child = s.nodes[cid]
-        child.tick = s.tick
-        i += m
-        nid = cid
+    nid, i, _ = _walk(s, key)
     if i < len(key):
         leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0, s.tick)
         s.next_node_id += 1
