@@ -557,16 +557,20 @@ class SglangBackend:
     def _release_req(self, L) -> None:
         from sglang.srt.managers import schedule_batch as sb
         from sglang.srt.server_args import get_global_server_args
-        kwargs = dict(req=L.req, remaing_req_count=0, server_args=get_global_server_args(),
-                      req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
-                      tree_cache=self.cache)
         import inspect
-        if "hisparse_coordinator" in inspect.signature(sb.release_req).parameters:
-            kwargs["hisparse_coordinator"] = None
-        sb.release_req(**kwargs)
+        offered = dict(req=L.req, remaing_req_count=0, server_args=get_global_server_args(),
+                       req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
+                       tree_cache=self.cache, hisparse_coordinator=None)
+        params = inspect.signature(sb.release_req).parameters
+        sb.release_req(**{k: v for k, v in offered.items() if k in params})
 
     def _abort_queued_borrow(self, L) -> None:
-        pass
+        """0.5.22+ Scheduler.abort_request, waiting-queue branch: the popped request
+        goes through _release_aborted_request, whose session part is
+        `req.session.abort_req()` (unconditional) for a streaming request."""
+        req = L.req
+        if req.session is not None and getattr(req.session, "streaming", True):
+            req.session.abort_req()
 
     def _set_lens(self, req, committed=None, allocated=None) -> None:
         target = req if self.api == "flat" else req.kv
@@ -661,22 +665,46 @@ class SglangBackend:
             t = torch.cat(parts)
         return [int(x) for x in t.tolist()]
 
+    # The tree: 0.5.15 RadixCache TreeNode objects (requests point at the node object);
+    # 0.5.22+ UnifiedTreeNode in a TreeCore arena (requests and TreeLocks hold NodeIds;
+    # the KV indices and lock counts live in the node's per-component data, FULL here).
+
+    def _root(self):
+        return self.tree.root_node if self.api == "flat" else self.cache.tree_core.root_node
+
+    def _nid(self, node):
+        """What requests and locks use to name a tree node."""
+        return id(node) if self.api == "flat" else node.id
+
+    def _node_value(self, node):
+        if self.api == "flat":
+            return node.value
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        return node.component(ComponentType.FULL).value
+
+    def _node_lock_ref(self, node) -> int:
+        if self.api == "flat":
+            return int(node.lock_ref)
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        return int(node.component(ComponentType.FULL).lock_ref)
+
     def _node_views(self) -> tuple[list, dict]:
         P = self.P
-        root = self.tree.root_node
-        out, paths = [], {id(root): ()}
+        root = self._root()
+        out, paths = [], {self._nid(root): ()}
         stack = [root]
         while stack:
             n = stack.pop()
             for child in n.children.values():
                 key = tuple(int(t) for t in child.key.raw_token_ids()) \
                     if hasattr(child.key, "raw_token_ids") else tuple(child.key)
-                path = paths[id(n)] + key
-                paths[id(child)] = path
-                vals = child.value.tolist() if child.value is not None else []
+                path = paths[self._nid(n)] + key
+                paths[self._nid(child)] = path
+                value = self._node_value(child)
+                vals = value.tolist() if value is not None else []
                 pages = tuple(int(vals[i]) // P for i in range(0, len(vals), P))
-                out.append(NodeView(path=path, parent=paths[id(n)], pages=pages,
-                                    lock_ref=int(child.lock_ref)))
+                out.append(NodeView(path=path, parent=paths[self._nid(n)], pages=pages,
+                                    lock_ref=self._node_lock_ref(child)))
                 stack.append(child)
         out.sort(key=lambda v: v.path)
         return out, paths
@@ -690,10 +718,17 @@ class SglangBackend:
     def _anchor(self, node, paths: dict, sid_hint):
         if node is None:
             return None
-        if node is self.tree.root_node:
-            return ("root",)
-        if id(node) in paths:
-            return ("node", paths[id(node)])
+        if self.api == "flat":
+            if node is self.tree.root_node:
+                return ("root",)
+            if id(node) in paths:
+                return ("node", paths[id(node)])
+        elif isinstance(node, int):
+            if node == self._root().id:
+                return ("root",)
+            if node in paths:
+                return ("node", paths[node])
+            return ("detached", f"node id {node}")
         for sid, slot in self._slots().items():
             if getattr(slot, "virtual_node", None) is node:
                 return ("virtual", int(sid))
@@ -751,7 +786,8 @@ class SglangBackend:
                 origin_len=len(req.origin_input_ids),
                 max_new_tokens=req.sampling_params.max_new_tokens, row=self._arow(row),
                 committed=committed, allocated=allocated, protected=protected,
-                anchor=self._req_anchor(req.last_node, paths, sid, L.locked), locked=L.locked,
+                anchor=self._req_anchor(req.last_node, paths, sid, self._locked(L)),
+                locked=self._locked(L),
                 to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
                 committed_freed=bool(self._flag(req, "kv_committed_freed")),
                 overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
@@ -777,6 +813,12 @@ class SglangBackend:
             evictable_size=int(self.cache.evictable_size()),
             protected_size=int(self.cache.protected_size()),
             content=build_content(P, nodes, reqs, slots, read))
+
+    def _locked(self, L) -> bool:
+        """Whether the request itself holds a tree lock. 0.5.15: the glue's record of
+        the persistent admission lock. 0.5.22+: `req.lock` (a TreeLock; None once the
+        session took it, or on a virtual node)."""
+        return L.locked if self.api == "flat" else L.req.lock is not None
 
     def _arow(self, row):
         return None if row is None else int(row) - self.row_base
@@ -828,12 +870,13 @@ class SglangBackend:
                                          f"row {row} position {i} -> KV index {v}",
                                          owner=who, page=page))
                     break
-        stack = [self.tree.root_node]
+        stack = [self._root()]
         while stack:
             n = stack.pop()
             for c in n.children.values():
                 stack.append(c)
-                for v in (c.value.tolist() if c.value is not None else []):
+                value = self._node_value(c)
+                for v in (value.tolist() if value is not None else []):
                     if int(v) // P in seen:
                         out.append(Violation("C1", "free page still owned",
                                              f"tree node holds KV index {int(v)}",
