@@ -952,9 +952,12 @@ def main(args) -> int:
         kw = dict(all_violations=args.all_violations, max_states=args.max_states,
                   max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
         runs = [True, False] if args.compare else [not args.no_symmetry]
-        results = [explore(sc, symmetric=sym, **kw) for sym in runs]
-        for res in results:
+        results = []
+        for sym in runs:
+            res = explore(sc, symmetric=sym, **kw)
+            results.append(res)
             report(res)
+            sys.stdout.flush()
             for v in res.violations:
                 path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
                 to_trace(res, v).save(path)
