@@ -138,8 +138,11 @@ class ImplBackend:
 
     # -- checks ------------------------------------------------------------------------
     def concrete_violations(self) -> list[Violation]:
+        """C1..C5 on the tensors, plus impl's own leak checks (L1, L2: upstream's
+        `_check_pool_invariant` and `_check_req_pool`, through impl's session_held_*
+        helpers), so a defect in those helpers is caught too."""
         return [Violation(id=f.id, name=f.name, message=f.message, owner=f.owner, page=f.page)
-                for f in concrete_findings(self.sched)]
+                for f in concrete_findings(self.sched) + leak_check(self.sched)]
 
     def leak_violations(self) -> list[Violation]:
         """Upstream's leak checks (idle/busy accounting identity, request-pool check)."""

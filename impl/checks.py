@@ -49,10 +49,10 @@ def check_pool_invariant(sched) -> list[Finding]:
         if r.req_pool_idx is None or r.kv_committed_freed:
             continue
         if r.kv_committed_freed != r.kv_overallocated_freed:
-            out.append(Finding("LEAK", "busy freed flags", f"kv_committed_freed={r.kv_committed_freed} "
+            out.append(Finding("L1", "busy freed flags", f"kv_committed_freed={r.kv_committed_freed} "
                                f"kv_overallocated_freed={r.kv_overallocated_freed}", f"req {r.rid}"))
         if r.cache_protected_len % P:
-            out.append(Finding("LEAK", "busy protected alignment",
+            out.append(Finding("L1", "busy protected alignment",
                                f"cache_protected_len={r.cache_protected_len} not a multiple of {P}", f"req {r.rid}"))
         uncached += ceil_align(r.kv_allocated_len, P) - r.cache_protected_len
     available = alloc.available_size()
@@ -63,7 +63,7 @@ def check_pool_invariant(sched) -> list[Finding]:
     s = available + evictable + protected + held + uncached
     if s != total:
         kind = "busy" if running else "idle"
-        out.append(Finding("LEAK", f"{kind} pool accounting",
+        out.append(Finding("L1", f"{kind} pool accounting (_check_pool_invariant)",
                            f"available {available} + evictable {evictable} + protected {protected} + "
                            f"session_held {held} + uncached {uncached} = {s} != total {total}",
                            "allocator"))
@@ -78,7 +78,7 @@ def check_req_pool(sched) -> list[Finding]:
     n_free = len(pool.free_slots)
     s = n_free + held + len(active)
     if s != pool.size:
-        return [Finding("LEAK", "request pool accounting",
+        return [Finding("L2", "request pool accounting (_check_req_pool)",
                         f"free_slots {n_free} + session_held_req_count {held} + running rows {len(active)} "
                         f"= {s} != size {pool.size}", "req_to_token_pool")]
     return []

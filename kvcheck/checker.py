@@ -32,7 +32,7 @@ DISABLED = "X1"
 FAILURE_NAMES = {
     DIVERGENCE: "state divergence between spec and system under test",
     OUTCOME_DIVERGENCE: "outcome divergence between spec and system under test",
-    EXCEPTION: "system under test raised",
+    EXCEPTION: "raised an exception",
     SPEC_ASSERTION: "upstream assertion reached by the spec",
     DISABLED: "operation not enabled in this state",
 }
@@ -102,6 +102,8 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             s, out = step(s, op)
         except ModelError as e:
             return RunResult(i, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)]), records)
+        except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
+            return RunResult(i, Failure(i, op, EXCEPTION, "spec", details=_tb(e)), records)
         b_spec = abstract(s)
         if check_spec:
             vs = check_state(b_spec, cfg) + check_step(a_spec, op, out, b_spec)
@@ -122,6 +124,11 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
     return RunResult(len(ops), None, records)
 
 
+def _tb(e: Exception) -> list:
+    tb = traceback.format_exception(type(e), e, e.__traceback__)
+    return [f"{type(e).__name__}: {e}"] + [ln.rstrip() for ln in tb[-6:]]
+
+
 def _failure(i, op, side, vs) -> Failure:
     vs = [Violation(v.id, v.name, v.message, v.owner, v.page, side) for v in vs]
     return Failure(i, op, vs[0].id, side, vs)
@@ -134,9 +141,7 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec) -> Optional
         b_impl = backend.abstract()
         concrete = backend.concrete_violations()
     except Exception as e:  # the system under test crashed: that is a finding
-        tb = traceback.format_exception(type(e), e, e.__traceback__)
-        return Failure(i, op, EXCEPTION, name, details=[f"{type(e).__name__}: {e}"] +
-                       [ln.rstrip() for ln in tb[-6:]])
+        return Failure(i, op, EXCEPTION, name, details=_tb(e))
     rec.backend_outcome = out
     backend._kvcheck_prev = b_impl
     vs = list(concrete) + check_state(b_impl, cfg)

@@ -21,7 +21,7 @@ from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from kvcheck.checker import run_ops  # noqa: F401  (re-exported for drivers)
-from kvcheck.checker import Failure, _check_backend, _failure, StepRecord
+from kvcheck.checker import Failure, StepRecord, _check_backend, _failure, _tb
 from spec import ops as O
 from spec.config import Config
 from spec.invariants import check_state, check_step
@@ -121,6 +121,8 @@ class KVMachine(RuleBasedStateMachine):
             nxt, out = step(self.s, op)
         except ModelError as e:
             self._fail(Failure(i, op, "M1", "spec", details=[str(e)]))
+        except Exception as e:
+            self._fail(Failure(i, op, "E1", "spec", details=_tb(e)))
         b = abstract(nxt)
         vs = check_state(b, self.cfg) + check_step(self.prev, op, out, b)
         if vs:

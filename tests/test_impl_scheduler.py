@@ -248,7 +248,7 @@ def test_concrete_findings_report_owner_and_page():
     assert ("C3", "req 1", 0) in ids
     assert ("C4", "req 1", 0) in ids
     assert ("C5", "req 1", None) in ids
-    assert any(f.id == "LEAK" for f in checks.leak_check(s))
+    assert any(f.id == "L1" for f in checks.leak_check(s))
 
 
 def test_closing_session_hands_out_a_plain_stub():
