@@ -9,6 +9,19 @@ class BackendError(ValueError):
     pass
 
 
+def release_era(name: str):
+    """The era a backend fixes ('wrapper' for sglang <= 0.5.21, 'borrow' for 0.5.22+),
+    or None when the backend runs either (spec, impl, an unversioned sglang)."""
+    if not name.startswith("sglang") or (":" not in name and not name.startswith("sglang-")):
+        return None
+    version = name.split(":", 1)[1] if ":" in name else name[len("sglang-"):]
+    try:
+        parts = tuple(int(x) for x in version.split(".")[:3])
+    except ValueError:
+        return None
+    return "wrapper" if parts <= (0, 5, 21) else "borrow"
+
+
 def known_findings(name: str):
     """The skip predicate for a release with recorded upstream findings, or None."""
     if name.startswith("sglang"):

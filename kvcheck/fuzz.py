@@ -98,12 +98,13 @@ def fuzz(seconds: float, seed: Optional[int] = None, backend: str = "impl",
     report = FuzzReport(seed=seed, backend=bname)
     _log(f"kvcheck fuzz: backend {bname}, seed {seed} (rerun with --seed {seed}), "
          f"{seconds:g} s", quiet)
-    from kvcheck.backends import known_findings
+    from kvcheck.backends import known_findings, release_era
     skip = known_findings(backend)
+    era = release_era(backend)
     if skip is not None:
         _log(f"  leaving out operations that trigger the findings recorded for {bname} "
              "(docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)", quiet)
-    machine = M.make_machine(factory, bname, skip=skip)
+    machine = M.make_machine(factory, bname, M.configs(era=era) if era else None, skip=skip)
     base = settings(settings.get_profile("kvcheck-fuzz"), max_examples=ROUND_EXAMPLES,
                     phases=[Phase.generate], verbosity=Verbosity.quiet, print_blob=False)
     M.COVERAGE.clear(), M.OUTCOMES.clear(), M.STEPS.clear()

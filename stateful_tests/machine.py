@@ -41,7 +41,7 @@ STEPS = Counter()
 
 
 @st.composite
-def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None) -> Config:
+def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None) -> Config:
     P = draw(st.sampled_from(page_sizes))
     if spec_enabled is None:
         spec_enabled = draw(st.booleans())
@@ -54,7 +54,7 @@ def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None) -> Config:
         spec_enabled=spec_enabled,
         max_drafts=3,
         overlap=draw(st.booleans()),
-        era=draw(st.sampled_from(["wrapper", "wrapper", "wrapper", "borrow"])),
+        era=era or draw(st.sampled_from(["wrapper", "wrapper", "wrapper", "borrow"])),
     )
 
 
@@ -189,16 +189,16 @@ class KVMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(pool), label="sid")
         P = self.cfg.page_size
         new = data.draw(prompts(P, 1, 10), label="new_tokens")
-        self.apply(O.SubmitTurn(sid, self._fresh(), new, data.draw(lengths(P, 1, 6), label="max_new_tokens")))
+        self.apply(O.SubmitTurn(sid, self._fresh(), new, data.draw(lengths(P, 1, 10), label="max_new_tokens")))
 
     @precondition(lambda self: self.s is not None and len(self.s.reqs) < 6)
     @rule(data=st.data())
     def submit_request(self, data):
-        if not self.rare(data):
+        if not self.rare(data, 5):
             return
         P = self.cfg.page_size
         self.apply(O.SubmitRequest(self._fresh(), data.draw(prompts(P, 1, 16), label="tokens"),
-                                   data.draw(lengths(P, 1, 6), label="max_new_tokens")))
+                                   data.draw(lengths(P, 1, 10), label="max_new_tokens")))
 
     @precondition(lambda self: self.has("queued"))
     @rule(data=st.data(), admit=st.sampled_from([True, True, True, False]))
@@ -229,14 +229,14 @@ class KVMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.has("queued"))
     @rule(data=st.data())
     def abort_queued(self, data):
-        if not self.rare(data):
+        if not self.rare(data, 5):
             return
         self.apply(O.AbortQueued(self.pick(data, "queued")))
 
     @precondition(lambda self: self.has("queued"))
     @rule(data=st.data())
     def pre_abort(self, data):
-        if not self.rare(data):
+        if not self.rare(data, 5):
             return
         self.apply(O.PreAbort(self.pick(data, "queued")))
 

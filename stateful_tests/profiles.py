@@ -8,7 +8,7 @@ checks here register their own profiles so a run's budget and seed are explicit:
 from hypothesis import HealthCheck, Phase, settings
 
 COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck),
-              stateful_step_count=60, database=None)
+              stateful_step_count=100, database=None)
 
 settings.register_profile("kvcheck-check", max_examples=150, derandomize=True, **COMMON)
 settings.register_profile("kvcheck-fuzz", max_examples=10**9, derandomize=False, **COMMON)
