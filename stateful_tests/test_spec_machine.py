@@ -21,3 +21,13 @@ def test_every_operation_runs():
                                   settings=settings(settings.get_profile("kvcheck-check"), max_examples=80))
     missing = [n for n in OP_NAMES if COVERAGE[n] == 0]
     assert not missing, f"operations never applied: {missing}; coverage {dict(COVERAGE)}"
+
+
+def test_spec_machine_under_crosshair_backend():
+    """The same spec machine, with draws made symbolic by CrossHair (profile
+    kvcheck-crosshair); every invariant after every step."""
+    from hypothesis.stateful import run_state_machine_as_test
+    from stateful_tests.machine import STEPS
+    STEPS.clear()
+    run_state_machine_as_test(make_machine(None), settings=settings.get_profile("kvcheck-crosshair"))
+    assert STEPS["sequences"] >= 1 and STEPS["steps"] >= 1
