@@ -125,6 +125,12 @@ def alloc_for_decode(sched, req: Req) -> Optional[int]:
 def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = False) -> None:
     """tree_cache.cache_finished_req, then (if the request still holds its row) the
     overallocation free from ceil_align(committed) and the row."""
+    if sched.era == "borrow" and req.finished_len is not None and \
+            not (req.session is not None and req.session.streaming):
+        # 0.5.22+ owned_kv_len: KV past the finished output is not keyed, it is freed
+        # with the overallocation
+        req.kv_committed_len = min(req.kv_committed_len, max(
+            req.cache_protected_len, len(req.origin_input_ids) + req.finished_len))
     sched.tree_cache.cache_finished_req(req, is_insert=is_insert, retract=retract)
     if req.req_pool_idx is None:
         return

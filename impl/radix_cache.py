@@ -54,6 +54,7 @@ class RadixCache:
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
         self.page_size = page_size
         self.device = device
+        self.split_at_prompt = False      # borrow era: checkpoint_into_tree's prompt split
         self.reset()
 
     def reset(self) -> None:
@@ -214,6 +215,8 @@ class RadixCache:
         new_prefix_len = self.insert(keys, kv[:n_keys])
         protected = req.cache_protected_len
         self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+        if self.split_at_prompt:
+            self._split_at_prompt(req, n_keys, kv)
         new_indices, new_last_node = self.match_prefix(keys)
         assert len(new_indices) == n_keys, f"re-match {len(new_indices)} != {n_keys}"
         self.req_to_token_pool.write(req.req_pool_idx, protected, new_indices[protected:])
@@ -222,6 +225,13 @@ class RadixCache:
         req.last_node = new_last_node
         req.cache_protected_len = len(new_indices)
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices):]))
+
+    def _split_at_prompt(self, req, n_keys: int, kv: torch.Tensor) -> None:
+        """Borrow era (checkpoint_into_tree): insert the page-aligned prompt again, which
+        splits the inserted path at the prompt boundary; nothing is added or freed."""
+        prompt_len = self.page_align_len(len(req.origin_input_ids))
+        if 0 < prompt_len < n_keys:
+            self.insert(req.fill_ids[:prompt_len], kv[:prompt_len])
 
     def cache_finished_req(self, req, is_insert: bool = True) -> None:
         """Insert (or not) the page-aligned committed prefix, free duplicates and the
@@ -234,6 +244,8 @@ class RadixCache:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])
             self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+            if self.split_at_prompt:
+                self._split_at_prompt(req, n_keys, kv)
         else:
             self.token_to_kv_pool_allocator.free(kv[protected:n_keys])
         self.token_to_kv_pool_allocator.free(kv[n_keys:])

@@ -5,6 +5,8 @@ It takes plain constructor arguments (impl/ does not import spec/).
 """
 from __future__ import annotations
 
+import functools
+
 from typing import Optional
 
 import torch
@@ -25,6 +27,18 @@ def chunk_end(prefix: int, input_len: int, chunk_size: Optional[int], p: int) ->
     if chunk_size is None:
         return input_len
     return min(input_len, prefix + (chunk_size // p) * p)
+
+
+def _borrow_synced(op):
+    """Borrow era: after each operation the slots a turn borrows carry its lengths
+    (upstream shares one ReqKvInfo between the turn and its slot)."""
+    @functools.wraps(op)
+    def run(self, *args, **kwargs):
+        out = op(self, *args, **kwargs)
+        if self.era == "borrow":
+            self.tree_cache.sync_borrowed(self.reqs.values())
+        return out
+    return run
 
 
 class Scheduler:
@@ -94,10 +108,12 @@ class Scheduler:
         req.kv_committed_len = pos + 1
 
     # -- operations ---------------------------------------------------------------------
+    @_borrow_synced
     def open_session(self, sid: int) -> str:
         self.session_controller.open(sid)
         return "ok"
 
+    @_borrow_synced
     def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int) -> str:
         session = self.session_controller.sessions.get(sid)
         if session is None:
@@ -108,10 +124,12 @@ class Scheduler:
         self.reqs[rid] = req
         return "stub" if req.rejected else "ok"
 
+    @_borrow_synced
     def submit_request(self, rid: int, tokens, max_new_tokens: int) -> str:
         self.reqs[rid] = Req(rid, list(tokens), max_new_tokens)
         return "ok"
 
+    @_borrow_synced
     def schedule(self, rid: int, admit: bool = True) -> str:
         req = self._req(rid, "queued")
         fill = req.fill_ids
@@ -136,9 +154,14 @@ class Scheduler:
             self.tree_cache.dec_lock_ref(last_node)
             return "rejected"
         req.lock_held = True
+        if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
+                getattr(req.session, "session_id", None)), "virtual_node", False):
+            req.lock_held = False          # locking a virtual node holds nothing
         req.is_retracted = False
         if not common.alloc_for_extend(self, req, prefix_len, end):
             raise RuntimeError(f"req {rid}: alloc_for_extend failed after admission")
+        if self.era == "borrow":
+            self.tree_cache.take(req)
         req.phase = "prefill"
         if end < input_len:
             req.inflight_middle_chunks = 1
@@ -158,6 +181,7 @@ class Scheduler:
         self.tree_cache.cache_unfinished_req(req)
         req.phase = "decode"
 
+    @_borrow_synced
     def prefill_chunk(self, rid: int) -> str:
         req = self._req(rid, "prefill")
         input_len = len(req.fill_ids)
@@ -171,6 +195,7 @@ class Scheduler:
             self._prefill_done(req)
         return "ok"
 
+    @_borrow_synced
     def decode(self, rid: int, token: int = 1) -> str:
         req = self._req(rid, "decode")
         if not common.check_decode_mem(self, req):
@@ -185,6 +210,7 @@ class Scheduler:
         req.output_ids.append(token)
         return "ok"
 
+    @_borrow_synced
     def spec_decode(self, rid: int, drafts: int, accepted: int, token: int = 1) -> str:
         req = self._req(rid, "decode")
         need = req.kv_committed_len + 2 * (drafts + 1)
@@ -201,6 +227,7 @@ class Scheduler:
         req.kv_committed_len = c + accepted + 1
         return "ok"
 
+    @_borrow_synced
     def finish(self, rid: int) -> str:
         req = self._req(rid, "decode")
         self._overlap_lookahead(req)
@@ -211,6 +238,7 @@ class Scheduler:
         self._retire(req, session)
         return "ok"
 
+    @_borrow_synced
     def abort_queued(self, rid: int) -> str:
         req = self._req(rid, "queued")
         session = req.session
@@ -221,11 +249,13 @@ class Scheduler:
         self._retire(req, session)
         return "ok"
 
+    @_borrow_synced
     def pre_abort(self, rid: int) -> str:
         req = self._req(rid, "queued")
         req.to_finish = FINISH_ABORT
         return "ok"
 
+    @_borrow_synced
     def abort_running(self, rid: int) -> str:
         req = self._req(rid, "prefill", "decode")
         req.finished_reason = FINISH_ABORT
@@ -234,6 +264,7 @@ class Scheduler:
         self._retire(req, session)
         return "ok"
 
+    @_borrow_synced
     def retract(self, rid: int) -> str:
         req = self._req(rid, "decode")
         self._overlap_lookahead(req)
@@ -242,9 +273,11 @@ class Scheduler:
         self.session_controller.maybe_reap(session)
         return "ok"
 
+    @_borrow_synced
     def close_session(self, sid: int) -> str:
         return self.session_controller.close(sid)
 
+    @_borrow_synced
     def evict(self, num_tokens: int) -> str:
         self.tree_cache.evict(num_tokens)
         return "ok"

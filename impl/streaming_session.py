@@ -32,6 +32,7 @@ class SessionSlot:
         self.kv_allocated_len = kv_allocated_len
         self.last_node = last_node
         self.cache_protected_len = cache_protected_len
+        self.publishes = False      # borrow era: publishes_prompt (taken, not handed back yet)
 
     @property
     def is_holding_kv(self) -> bool:
@@ -65,6 +66,7 @@ class StreamingSession:
         self.inner = inner                     # RadixCache
         self.era = era
         self.slots: dict = {}
+        inner.split_at_prompt = era == "borrow"
 
     @property
     def req_to_token_pool(self):
@@ -162,6 +164,8 @@ class StreamingSession:
         self._trim_overshoot(req, finished_len)
         slot.save_from_req(req, is_first=is_first)
         slot.kv_committed_len = min(target, slot.kv_allocated_len)
+        if self.era == "borrow":
+            slot.publishes = False     # the turn hands the record back (finish or retract)
         if not retract or "retract_advances_checkpoint" in faults.ACTIVE:
             session.finish_req(req)
         self._mark_kv_freed(req)
@@ -173,7 +177,7 @@ class StreamingSession:
         raw path: insert, duplicate and tail frees, overallocation, row)."""
         session = req.session
         slot = self.slots.pop(session.session_id, None)
-        if slot is not None:
+        if slot is not None and slot.last_node is not None:
             self.inner.dec_lock_ref(slot.last_node)
         session.abort_req(req)
         req.session = None
@@ -185,9 +189,56 @@ class StreamingSession:
         self.inner.cache_finished_req(req, is_insert=is_insert)
 
     # -- unfinished ----------------------------------------------------------------------
+    def take(self, req: Req) -> None:
+        """Borrow era StreamingSession.take: a streaming turn's first row allocation
+        hands its record and admission lock to a new slot that publishes the prompt."""
+        if not _is_streaming(req) or req.session.session_id in self.slots:
+            return
+        sid = req.session.session_id
+        slot = SessionSlot(sid, req_pool_idx=req.req_pool_idx, kv_committed_len=req.kv_committed_len,
+                           kv_allocated_len=req.kv_allocated_len,
+                           last_node=req.last_node if req.lock_held else None,
+                           cache_protected_len=req.cache_protected_len)
+        slot.publishes = True
+        self.slots[sid] = slot
+        req.lock_held = False
+        req.last_node = slot.virtual_node
+
+    def sync_borrowed(self, reqs) -> None:
+        """Borrow era: a turn runs on its slot's record, so the slot's lengths are the
+        turn's while it borrows it."""
+        for req in reqs:
+            if not _is_streaming(req):
+                continue
+            slot = self.slots.get(req.session.session_id)
+            if slot is not None and req.req_pool_idx is not None \
+                    and req.req_pool_idx == slot.req_pool_idx and req.last_node is slot.virtual_node:
+                slot.kv_committed_len = req.kv_committed_len
+                slot.kv_allocated_len = req.kv_allocated_len
+                slot.cache_protected_len = req.cache_protected_len
+
+    def _checkpoint_borrow(self, req: Req, chunked: bool) -> bool:
+        """Borrow era checkpoint_kv_cache for a streaming turn: while its slot publishes
+        the prompt, the slot's lock goes to the insert and comes back moved."""
+        slot = self.slots.get(req.session.session_id)
+        if slot is None:
+            return False
+        if slot.publishes:
+            req.last_node, req.lock_held = slot.last_node, slot.last_node is not None
+            slot.last_node = None
+            self.inner.cache_unfinished_req(req, chunked=chunked)
+            slot.last_node, req.lock_held = req.last_node, False
+            req.last_node = slot.virtual_node
+            slot.cache_protected_len = req.cache_protected_len
+        elif chunked:
+            req.prefix_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.extend_end].to(I64).clone()
+        return True
+
     def try_cache_unfinished_req(self, req: Req, chunked: bool = False) -> bool:
         if not _is_streaming(req):
             return False
+        if self.era == "borrow":
+            return self._checkpoint_borrow(req, chunked)
         if chunked:
             req.prefix_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :req.extend_end].to(I64).clone()
             return True

@@ -403,13 +403,25 @@ def protected_prefix_is_path(s: AbstractState, cfg: Config):
 # step invariants (before, op, outcome, after)
 # ---------------------------------------------------------------------------
 
+def _publishes_chunk(op, t, u, b: AbstractState) -> bool:
+    """Borrow era only: a first turn's chunk checkpoint publishes the prompt through the
+    slot it runs on (`try_checkpoint` while `publishes_prompt`), so the slot's protected
+    prefix grows and its lock moves deeper. Never happens in the wrapper era, where a
+    streaming chunk checkpoint is a snapshot."""
+    if not isinstance(op, O.PrefillChunk) or t.protected < u.protected:
+        return False
+    return any(r.rid == op.rid and r.session == t.sid and r.anchor == ("virtual", t.sid)
+               for r in b.reqs)
+
+
 @invariant("I10", "a slot's cache_protected_len and last_node are fixed for its life", step=True)
 def slot_fixed(a: AbstractState, op, outcome, b: AbstractState):
     before = {t.sid: t for t in a.slots}
     out = []
     for t in b.slots:
         u = before.get(t.sid)
-        if u is not None and (u.protected, u.last_node) != (t.protected, t.last_node):
+        if u is not None and (u.protected, u.last_node) != (t.protected, t.last_node) \
+                and not _publishes_chunk(op, t, u, b):
             out.append(_v(slot_fixed, f"cache_protected_len {u.protected} -> {t.protected}, last_node "
                           f"{u.last_node} -> {t.last_node} by {op}", _slot(t)))
     return out

@@ -260,6 +260,8 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     new_prefix_len = insert(s, key, row[:keys_len // P])
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
+    if s.cfg.era == "borrow":
+        _split_at_prompt(s, req, keys_len)
     nid, pages = match_prefix(s, key)
     if len(pages) * P != keys_len:
         raise ModelError(f"cache_unfinished_req: re-match {len(pages) * P} != {keys_len}")
@@ -269,6 +271,16 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     req.last_node = ("node", nid)
     inc_lock_ref(s, req.last_node)
     req.locked = True
+
+
+def _split_at_prompt(s: State, req: Req, keys_len: int) -> None:
+    """Borrow era (`checkpoint_into_tree`): a second insert of the page-aligned prompt
+    splits the inserted path at the prompt boundary (so eviction can drop the output
+    KV without the prompt); it adds and frees nothing."""
+    P = s.cfg.page_size
+    prompt_len = floor_align(len(req.origin), P)
+    if 0 < prompt_len < keys_len:
+        insert(s, req.fill_ids[:prompt_len], s.rows[req.row][:prompt_len // P])
 
 
 def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
@@ -281,6 +293,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
         new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P])
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
+        if s.cfg.era == "borrow":
+            _split_at_prompt(s, req, keys_len)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
     if committed > keys_len:
@@ -440,6 +454,8 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
     _trim_overshoot(s, req, finished_len)
     _save_from_req(slot, req, is_first)
     slot.committed = min(target, slot.allocated)
+    if s.cfg.era == "borrow":
+        slot.publishes = False          # the turn hands the record back (finish or retract)
     if checkpoint:
         _finish_req(s, sid, req)
     _mark_kv_freed(req)
@@ -449,6 +465,11 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
     """`release_kv_cache` for a request the streaming wrapper does not handle:
     cache_finished_req, then the overallocation [ceil_align(committed), allocated), then
     the row."""
+    if s.cfg.era == "borrow" and req.finished_len is not None:
+        # 0.5.22+ `owned_kv_len`: KV past the finished output (a speculative overshoot)
+        # is never keyed; it falls into the overallocated range and is freed. Never below
+        # the tree-owned prefix (a re-prefilled retracted request published past it).
+        req.committed = min(req.committed, max(req.protected, len(req.origin) + req.finished_len))
     cache_finished_req_inner(s, req, is_insert)
     start = ceil_align(req.committed, s.cfg.page_size)
     if start < req.allocated:
@@ -515,6 +536,8 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
         dec_lock_ref(s, req.last_node)
         return "rejected"
     req.locked = True
+    if s.cfg.era == "borrow" and req.last_node == ("virtual", req.session):
+        req.locked = False              # cache.lock(virtual node) is None: nothing held
     req.is_retracted = False
     if req.row is None:
         req.row = s.free_rows.pop(0)
@@ -526,10 +549,53 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
         raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
     _write_kv(s, req.row, prefix, end, req.fill_ids)
     req.committed = req.allocated = req.extend_end = end
+    if s.cfg.era == "borrow":
+        _take(s, req)
     req.phase = "prefill"
     if end == req.seqlen:
         _prefill_done(s, req)
     return "ok"
+
+
+def _take(s: State, req: Req) -> None:
+    """Borrow era `StreamingSession.take` (alloc_for_extend's maybe_hand_to_session): a
+    streaming turn's first row allocation hands its record and admission lock to a new
+    slot that publishes the prompt; the turn borrows the record from then on."""
+    if not _is_streaming(req) or req.session in s.slots:
+        return
+    s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
+                                protected=req.protected,
+                                last_node=req.last_node if req.locked else None, publishes=True)
+    req.locked = False
+    req.last_node = ("virtual", req.session)
+
+
+def _checkpoint_borrow(s: State, req: Req) -> None:
+    """Borrow era `checkpoint_kv_cache` (after a chunk and after the prefill): a plain
+    request publishes into the tree; a turn publishes only while its slot publishes the
+    prompt (`try_checkpoint`: the slot's lock goes to the insert and comes back moved)."""
+    slot = s.slots.get(req.session) if _is_streaming(req) else None
+    if slot is None:
+        cache_unfinished_req_inner(s, req)
+        return
+    if not slot.publishes:
+        return
+    req.last_node, req.locked = slot.last_node, slot.last_node is not None
+    slot.last_node = None
+    cache_unfinished_req_inner(s, req)
+    slot.last_node, req.locked = req.last_node, False
+    req.last_node = ("virtual", req.session)
+    slot.protected = req.protected
+
+
+def _sync_borrowed(s: State) -> None:
+    """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
+    lengths are the turn's while it borrows it."""
+    for r in s.reqs.values():
+        slot = s.slots.get(r.session) if r.session is not None else None
+        if slot is not None and r.row is not None and r.row == slot.row \
+                and r.last_node == ("virtual", r.session):
+            slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
 
 
 def _prefill_done(s: State, req: Req) -> None:
@@ -541,13 +607,17 @@ def _prefill_done(s: State, req: Req) -> None:
         del s.reqs[req.rid]
         return
     req.output.append(SAMPLED_TOKEN)
-    if not (_is_streaming(req) and req.session in s.slots):
+    if s.cfg.era == "borrow":
+        _checkpoint_borrow(s, req)
+    elif not (_is_streaming(req) and req.session in s.slots):
         cache_unfinished_req_inner(s, req)
     req.phase = "decode"
 
 
 def _prefill_chunk(s: State, req: Req) -> str:
-    if not _is_streaming(req):
+    if s.cfg.era == "borrow":
+        _checkpoint_borrow(s, req)
+    elif not _is_streaming(req):
         cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
     prefix = req.extend_end
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
@@ -767,4 +837,6 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
         out = "ok"
     else:  # pragma: no cover - enabled() refuses unknown ops
         raise ValueError(f"unknown op {op!r}")
+    if s.cfg.era == "borrow":
+        _sync_borrowed(s)
     return s, out

@@ -86,9 +86,11 @@ class Slot:
     allocated: int = 0
     protected: int = 0          # first turn's cache_protected_len
     last_node: Optional[tuple] = None   # first turn's radix node
+    publishes: bool = False     # borrow era: publishes_prompt (taken, no turn handed back yet)
 
     def copy(self) -> "Slot":
-        return Slot(self.row, self.committed, self.allocated, self.protected, self.last_node)
+        return Slot(self.row, self.committed, self.allocated, self.protected, self.last_node,
+                    self.publishes)
 
 
 @dataclass
