@@ -36,6 +36,18 @@ def test_unknown_version_refused():
         resolve_python("9.9.9")
 
 
+PY523 = ROOT / ".venv-sglang-0.5.23" / "bin" / "python"
+
+
+@pytest.mark.skipif(not PY523.exists(), reason="no .venv-sglang-0.5.23")
+@pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "stateful_tests/upstream/*-sglang-0.5.23.json"))),
+                         ids=lambda p: Path(p).stem)
+def test_upstream_trace_0523(path):
+    from adapters.sglang.conformance import check_trace
+    ok, line = check_trace(path, "0.5.23")
+    assert ok, line
+
+
 @need_515
 @pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "stateful_tests/upstream/*-sglang-0.5.15.json"))),
                          ids=lambda p: Path(p).stem)

@@ -558,11 +558,14 @@ class SglangBackend:
         from sglang.srt.managers import schedule_batch as sb
         from sglang.srt.server_args import get_global_server_args
         import inspect
-        offered = dict(req=L.req, remaing_req_count=0, server_args=get_global_server_args(),
-                       req_to_token_pool=self.pool, token_to_kv_pool_allocator=self.alloc,
-                       tree_cache=self.cache, hisparse_coordinator=None)
         params = inspect.signature(sb.release_req).parameters
-        sb.release_req(**{k: v for k, v in offered.items() if k in params})
+        kwargs = dict(req=L.req, remaing_req_count=0, req_to_token_pool=self.pool,
+                      token_to_kv_pool_allocator=self.alloc, tree_cache=self.cache)
+        if "server_args" in params:      # 0.5.15; retired (raises) in 0.5.23
+            kwargs["server_args"] = get_global_server_args()
+        if "hisparse_coordinator" in params:
+            kwargs["hisparse_coordinator"] = None
+        sb.release_req(**kwargs)
 
     def _abort_queued_borrow(self, L) -> None:
         """0.5.22+ Scheduler.abort_request, waiting-queue branch: the popped request
@@ -600,7 +603,10 @@ class SglangBackend:
         """Allocate row positions [start, end) with upstream's helpers (alloc_token_slots
         / alloc_paged_token_slots_extend) and write them into req_to_token."""
         import torch
-        from sglang.srt.mem_cache import common
+        if self.api == "flat":
+            from sglang.srt.mem_cache import common
+        else:   # 0.5.22+: the allocation helpers moved to mem_cache.allocation
+            from sglang.srt.mem_cache import allocation as common
         row = self._row(req)
         n = end - start
         if self.P == 1:
