@@ -22,7 +22,13 @@ def ceil_div(x: int, p: int) -> int:
 
 
 def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
-    """V1: if available_size() < n: evict(n)."""
+    """V1: if available_size() < n: evict(n). Borrow era (0.5.22+
+    evict_to_free_tokens): evict only the shortfall n - available_size()."""
+    if getattr(tree_cache, "era", "wrapper") == "borrow":
+        shortfall = num_tokens - allocator.available_size()
+        if shortfall > 0:
+            tree_cache.evict(shortfall)
+        return
     if allocator.available_size() < num_tokens:
         tree_cache.evict(num_tokens)
 

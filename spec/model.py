@@ -246,6 +246,11 @@ def evict(s: State, num_tokens: int) -> int:
 
 def evict_from_tree_cache(s: State, n: int) -> None:
     """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
+    if s.cfg.era == "borrow":
+        # 0.5.22+ `allocator.evict_to_free_tokens`: evict only the shortfall
+        if available_size(s) < n:
+            evict(s, n - available_size(s))
+        return
     if available_size(s) < n:
         evict(s, n)
 
