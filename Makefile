@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvcheck-installed
 SECONDS ?= 60
-SGLANG_VERSIONS ?= 0.5.15
+SGLANG_VERSIONS ?= 0.5.15 0.5.23
 CHECK_SGLANG_EXAMPLES ?= 40
 SEED ?=
 TRACE ?=

@@ -106,7 +106,7 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             return RunResult(i, Failure(i, op, EXCEPTION, "spec", details=_tb(e)), records)
         b_spec = abstract(s)
         if check_spec:
-            vs = check_state(b_spec, cfg) + check_step(a_spec, op, out, b_spec)
+            vs = check_state(b_spec, cfg) + check_step(a_spec, op, out, b_spec, cfg)
             if vs:
                 return RunResult(i, _failure(i, op, "spec", vs), records)
         rec = StepRecord(i, op, out, b_spec)
@@ -146,7 +146,7 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec) -> Optional
     backend._kvcheck_prev = b_impl
     vs = list(concrete) + check_state(b_impl, cfg)
     if prev is not None:
-        vs += check_step(prev, op, out, b_impl)
+        vs += check_step(prev, op, out, b_impl, cfg)
     if vs:
         return _failure(i, op, name, vs)
     if out != spec_out:

@@ -708,7 +708,7 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                 if check:
                     if not known:
                         vs = check_state(a2, cfg)
-                    vs += check_step(a, op, out, a2)
+                    vs += check_step(a, op, out, a2, cfg)
                 if vs:
                     v = vs[0]
                     if v.id not in found_ids:

@@ -124,7 +124,7 @@ class KVMachine(RuleBasedStateMachine):
         except Exception as e:
             self._fail(Failure(i, op, "E1", "spec", details=_tb(e)))
         b = abstract(nxt)
-        vs = check_state(b, self.cfg) + check_step(self.prev, op, out, b)
+        vs = check_state(b, self.cfg) + check_step(self.prev, op, out, b, self.cfg)
         if vs:
             self._fail(_failure(i, op, "spec", vs))
         if self.backend is not None:

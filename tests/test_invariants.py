@@ -121,3 +121,15 @@ def test_violation_names_owner_and_page():
     s, cfg, page = corruptions()["I17"]
     v = next(v for v in check_state(s, cfg) if v.id == "I17")
     assert v.owner == "req 2" and v.page == page and "kv_committed_len" in v.message
+
+
+def test_i10_publishing_allowance_is_borrow_era_only():
+    """A slot whose protected prefix grows during its turn's prefill_chunk is a borrow-era
+    prompt publish; in the wrapper era the same change is an I10 violation."""
+    a = W
+    t = W.slots[0]
+    b = with_slot(W, 1, protected=t.protected + 4)
+    op = O.PrefillChunk(2)
+    assert "I10" in {v.id for v in check_step(a, op, "ok", b, CFG_W)}
+    assert "I10" in {v.id for v in check_step(a, op, "ok", b)}
+    assert "I10" not in {v.id for v in check_step(a, op, "ok", b, replace(CFG_W, era="borrow"))}

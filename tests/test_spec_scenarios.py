@@ -20,7 +20,7 @@ def walk(sc, upto=None):
     for op in sc.ops[:upto]:
         s, out = step(s, op)
         b = abstract(s)
-        vs = check_state(b, sc.config) + check_step(prev, op, out, b)
+        vs = check_state(b, sc.config) + check_step(prev, op, out, b, sc.config)
         assert not vs, f"{op}: {[str(v) for v in vs]}"
         prev = b
         states.append(s)
