@@ -178,6 +178,10 @@ class Scheduler:
             self._retire(req, session)
             return
         req.output_ids.append(1)
+        if len(req.output_ids) >= req.max_new_tokens:
+            # check_finished in the prefill result: released before any cache_unfinished_req
+            self._check_finished(req)
+            return
         self.tree_cache.cache_unfinished_req(req)
         req.phase = "decode"
 
@@ -208,7 +212,13 @@ class Scheduler:
         req.kv_committed_len += 1
         req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
         req.output_ids.append(token)
+        self._check_finished(req)
         return "ok"
+
+    def _check_finished(self, req: Req) -> None:
+        """check_finished in the result processing: max_new_tokens reached -> finish now."""
+        if len(req.output_ids) >= req.max_new_tokens:
+            self._finish_req(req)
 
     @_borrow_synced
     def spec_decode(self, rid: int, drafts: int, accepted: int, token: int = 1) -> str:
@@ -225,18 +235,21 @@ class Scheduler:
         req.output_ids.extend([token] * (accepted + 1))
         self._write_kv(req, c, c + accepted + 1)
         req.kv_committed_len = c + accepted + 1
+        self._check_finished(req)
         return "ok"
 
     @_borrow_synced
     def finish(self, rid: int) -> str:
-        req = self._req(rid, "decode")
+        self._finish_req(self._req(rid, "decode"))
+        return "ok"
+
+    def _finish_req(self, req: Req) -> None:
         self._overlap_lookahead(req)
         req.finished_reason = FINISH_LENGTH
         req.finished_len = min(len(req.output_ids), req.max_new_tokens)
         session = req.session
         common.release_kv_cache(self, req)
         self._retire(req, session)
-        return "ok"
 
     @_borrow_synced
     def abort_queued(self, rid: int) -> str:

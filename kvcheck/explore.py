@@ -111,7 +111,7 @@ PRESETS: dict[str, tuple] = {
     "tiny": (
         _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1,), evict=(), max_depth=8),
+               max_new=(2,), evict=(), max_depth=8),
     ),
     # two sessions sharing the tree with a plain request
     "two-sessions": (
@@ -495,8 +495,8 @@ def _parked_turn_dropped(cfg, b, op, out, a):
 def _spec_overshoot(cfg, b, op, out, a):
     if not isinstance(op, O.SpecDecode) or out != "ok":
         return False
-    r = a.reqs[op.rid]
-    return len(r.output) > r.max_new_tokens
+    r = b.reqs[op.rid]                  # the step's result may finish (and remove) it
+    return len(r.output) + op.accepted + 1 > r.max_new_tokens
 
 
 def _shared_lock(cfg, b, op, out, a):

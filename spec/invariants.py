@@ -465,7 +465,13 @@ def checkpoint_advance(a: AbstractState, op, outcome, b: AbstractState, cfg=None
         if u is None or u.checkpoint == x.checkpoint:
             continue
         r = reqs.get(getattr(op, "rid", None))
-        ok = (isinstance(op, O.Finish) and r is not None and r.session == x.sid and not r.rejected)
+        gone = r is not None and all(q.rid != r.rid for q in b.reqs)
+        # a finish: the Finish op (a stop token), or a step whose result reaches
+        # max_new_tokens (check_finished), after which the turn is gone
+        ok = (r is not None and r.session == x.sid and not r.rejected and not r.to_finish
+              and (isinstance(op, O.Finish)
+                   or (isinstance(op, (O.Schedule, O.PrefillChunk, O.Decode, O.SpecDecode))
+                       and gone)))
         if not ok:
             out.append(_v(checkpoint_advance, f"checkpoint {len(u.checkpoint)} -> {len(x.checkpoint)} "
                           f"tokens by {op}", f"session {x.sid}"))

@@ -605,13 +605,19 @@ def _sync_borrowed(s: State) -> None:
 
 def _prefill_done(s: State, req: Req) -> None:
     """The last chunk's result: a pre-aborted request finishes; otherwise a token is
-    sampled and `cache_unfinished_req(req)` publishes the prompt."""
+    sampled. If that token reaches max_new_tokens, `check_finished` finishes the
+    request right here, before any `cache_unfinished_req`: a first turn then hands the
+    slot its admission lock and match length (DOMAIN.md 4.3). Otherwise
+    `cache_unfinished_req(req)` publishes the prompt."""
     if req.to_finish:
         req.finished_reason = "abort"
         release_kv_cache(s, req)
         del s.reqs[req.rid]
         return
     req.output.append(SAMPLED_TOKEN)
+    if len(req.output) >= req.max_new_tokens:
+        _check_finished(s, req)
+        return
     if s.cfg.era == "borrow":
         _checkpoint_borrow(s, req)
     elif not (_is_streaming(req) and req.session in s.slots):
@@ -643,7 +649,15 @@ def _decode(s: State, req: Req, token: int) -> str:
     req.committed += 1
     req.allocated = max(req.allocated, req.committed)
     req.output.append(token)
+    _check_finished(s, req)
     return "ok"
+
+
+def _check_finished(s: State, req: Req) -> None:
+    """`check_finished` in the step's result processing: a request whose output reaches
+    max_new_tokens finishes in that same step (a stop token is the explicit `finish`)."""
+    if len(req.output) >= req.max_new_tokens:
+        _finish(s, req)
 
 
 def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> str:
@@ -656,6 +670,7 @@ def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> 
     start = req.committed
     req.committed += accepted + 1
     _write_kv(s, req.row, start, req.committed, req.fill_ids)
+    _check_finished(s, req)
     return "ok"
 
 

@@ -33,12 +33,12 @@ WORKED_EXAMPLE = Scenario(
      O.SubmitTurn(1, 1, _prompt(10), 5),
      O.Schedule(1),                               # committed 10, protected 8, output 1
      O.SpecDecode(1, drafts=1, accepted=1),       # allocated 14, committed 12, output 3
-     O.SpecDecode(1, drafts=1, accepted=1),       # allocated 16, committed 14, output 5
-     O.Finish(1),                                 # lookahead 15; slot {15, 15, protected 8}
+     O.SpecDecode(1, drafts=1, accepted=1),       # output 5 = max: finishes in this step;
+                                                  # lookahead 15; slot {15, 15, protected 8}
      O.SubmitTurn(1, 2, (7, 7, 7), 2),            # input 18, prefix min(15, 17) = 15
      O.Schedule(2),                               # committed = allocated = 18
-     O.SpecDecode(2, drafts=2, accepted=2),       # allocated 24, committed 21, output 4
-     O.Finish(2),                                 # target 20: frees page F (20..23)
+     O.SpecDecode(2, drafts=2, accepted=2),       # allocated 24, committed 21, output 4 > 2:
+                                                  # finishes; target 20 frees page F (20..23)
      O.CloseSession(1)),                          # dec node8, free row[8:20] = C, D, E
 )
 
@@ -54,8 +54,8 @@ TRIM_OVERSHOOT = Scenario(
      O.SpecDecode(1, 3, 3),                       # allocated 34, committed 30, output 5
      O.SpecDecode(1, 3, 3),                       # allocated 38, committed 34, output 9
      O.SpecDecode(1, 1, 1),                       # committed 36, output 11
-     O.SpecDecode(1, 3, 2),                       # allocated 44, committed 39, output 14
-     O.Finish(1)),                                # lookahead 40; target 38
+     O.SpecDecode(1, 3, 2)),                      # allocated 44, committed 39, output 14 > 12:
+                                                  # finishes; lookahead 40; target 38
 )
 
 FIRST_MID_ABORT = Scenario(
@@ -79,8 +79,7 @@ NTH_MID_ABORT = Scenario(
     (O.OpenSession(1),
      O.SubmitTurn(1, 1, _prompt(8), 3),
      O.Schedule(1),                               # protected 8 (P=1: the prompt is cached)
-     O.SpecDecode(1, 1, 1),
-     O.Finish(1),
+     O.SpecDecode(1, 1, 1),                       # output 3 = max: finishes
      O.SubmitTurn(1, 2, (7, 7), 8),
      O.Schedule(2),
      O.SpecDecode(2, 3, 1),                       # allocated > committed
@@ -124,13 +123,11 @@ CLOSE_DEFERRED = Scenario(
     (O.OpenSession(1),
      O.SubmitTurn(1, 1, _prompt(7), 2),
      O.Schedule(1),
-     O.Decode(1, 3),
-     O.Finish(1),
+     O.Decode(1, 3),                              # output 2 = max: finishes
      O.SubmitTurn(1, 2, (7, 7), 2),
      O.Schedule(2),
      O.CloseSession(1),                           # deferred
-     O.Decode(2, 3),
-     O.Finish(2)),                                # close carried out
+     O.Decode(2, 3)),                             # finishes; close carried out
 )
 
 SHARED_PREFIX = Scenario(
@@ -150,5 +147,25 @@ SHARED_PREFIX = Scenario(
      O.CloseSession(1), O.CloseSession(2), O.Evict(64)),
 )
 
+FINISH_AT_PREFILL = Scenario(
+    "first_turn_finishes_at_prefill_4_3",
+    "DOMAIN.md 4.3: a first turn whose first token reaches max_new_tokens finishes in the "
+    "prefill result, before cache_unfinished_req: the slot keeps the admission lock on the "
+    "matched node and cache_protected_len is the match length; the rest of the prompt is "
+    "slot-owned. A second session's first turn matches the root (protected 0).",
+    Config(page_size=2, num_pages=16, num_rows=3, max_context_len=64),
+    (O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7), 2),
+     O.Schedule(1), O.Finish(1),                 # caches [1..6]
+     O.OpenSession(1),
+     O.SubmitTurn(1, 2, (1, 2, 3, 4, 9, 9, 9), 1),
+     O.Schedule(2),                               # matches [1..4] (split), finishes at once
+     O.OpenSession(2),
+     O.SubmitTurn(2, 3, (8, 8, 8), 1),
+     O.Schedule(3),                               # root match: protected 0
+     O.SubmitTurn(1, 4, (5, 5), 2),
+     O.Schedule(4), O.Finish(4),
+     O.CloseSession(1), O.CloseSession(2)),
+)
+
 SCENARIOS = (WORKED_EXAMPLE, TRIM_OVERSHOOT, FIRST_MID_ABORT, NTH_MID_ABORT, PRE_ABORT,
-             RETRACT_OVERLAP, CLOSE_DEFERRED, SHARED_PREFIX)
+             RETRACT_OVERLAP, CLOSE_DEFERRED, SHARED_PREFIX, FINISH_AT_PREFILL)

@@ -155,9 +155,9 @@ def test_state_key_is_invariant_under_renaming():
     """Renaming sids/rids/pages/rows of a state leaves its symmetric key unchanged."""
     from spec import ops as O
     cfg = TINY.cfg
-    ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2, 2, 2), 1), O.SubmitRequest(2, (2, 2, 3), 1),
+    ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2, 2, 2), 2), O.SubmitRequest(2, (2, 2, 3), 2),
            O.Schedule(1), O.Schedule(2)]
-    ops2 = [O.OpenSession(5), O.SubmitRequest(7, (2, 2, 3), 1), O.SubmitTurn(5, 3, (2, 2, 2), 1),
+    ops2 = [O.OpenSession(5), O.SubmitRequest(7, (2, 2, 3), 2), O.SubmitTurn(5, 3, (2, 2, 2), 2),
             O.Schedule(7), O.Schedule(3)]
     s, t = M.initial_state(cfg), M.initial_state(cfg)
     for op in ops:

@@ -14,9 +14,10 @@ T1 = tuple(range(10, 20))
 
 
 def worked_example():
+    # the 4th decode and the turn-2 decode reach max_new_tokens: check_finished ends the turn
     return [O.OpenSession(1), O.SubmitTurn(1, 1, T1, 5), O.Schedule(1)] + [O.Decode(1, 7)] * 4 + \
-        [O.Finish(1), O.SubmitTurn(1, 2, (30, 31, 32), 2), O.Schedule(2), O.CloseSession(1),
-         O.Decode(2, 9), O.Finish(2)]
+        [O.SubmitTurn(1, 2, (30, 31, 32), 2), O.Schedule(2), O.CloseSession(1),
+         O.Decode(2, 9)]
 
 
 def mixed(P):

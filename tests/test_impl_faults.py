@@ -19,7 +19,7 @@ def turn1(new=(1, 2, 3, 4, 5, 6), max_new=4, decodes=1):
 SCENARIOS = {
     "restore_clears_slot": (P4, turn1() + [O.Finish(1), O.SubmitTurn(1, 2, (7, 8), 2),
                                            O.Schedule(2, admit=False), O.Schedule(2)]),
-    "free_tail_unaligned": (P4_SPEC, turn1(new=(1, 2, 3, 4, 5), max_new=2, decodes=0) + [O.SpecDecode(1, 2, 0, 3), O.Finish(1)]),
+    "free_tail_unaligned": (P4_SPEC, turn1(new=(1, 2, 3, 4, 5), max_new=2, decodes=0) + [O.SpecDecode(1, 2, 0, 3)]),
     "save_keeps_row": (P4, turn1() + [O.Finish(1)]),
     "preabort_no_detach": (P4, turn1() + [O.Finish(1), O.SubmitTurn(1, 2, (7, 8), 2),
                                           O.PreAbort(2), O.Schedule(2)]),
@@ -32,7 +32,7 @@ SCENARIOS = {
     "split_no_lock_copy": (P4, [O.SubmitRequest(1, tuple(range(1, 10)), 2), O.Schedule(1),
                                 O.SubmitRequest(2, (1, 2, 3, 4, 9, 9), 2), O.Schedule(2)]),
     "overalloc_free_from_committed": (P4_SPEC, [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6), 3), O.Schedule(1),
-                                                O.SpecDecode(1, 2, 1, 3), O.Finish(1)]),
+                                                O.SpecDecode(1, 2, 1, 3)]),
     "retract_advances_checkpoint": (P4, turn1() + [O.Retract(1)]),
     "abort_req_unconditional": (P4, [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2), 2),
                                      O.SubmitTurn(1, 2, (3,), 2), O.AbortQueued(2)]),

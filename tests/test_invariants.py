@@ -24,7 +24,7 @@ def state_after(sc, n):
     return abstract(s)
 
 
-W = state_after(S.WORKED_EXAMPLE, 8)         # turn 2 running on the slot's row
+W = state_after(S.WORKED_EXAMPLE, 7)         # turn 2 running on the slot's row
 X = state_after(S.SHARED_PREFIX, 6)          # two turns locking a split path
 CFG_W = S.WORKED_EXAMPLE.config
 CFG_X = S.SHARED_PREFIX.config

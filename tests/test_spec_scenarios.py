@@ -40,14 +40,14 @@ def test_worked_example_5_4():
     assert s.protected_size == 8 and s.evictable_size == 0
     A, B, C = s.rows[r.row][:3]
     assert len(s.free_pages) == 12 - 3
-    s = st[6]                                     # turn 1 finished under overlap
+    s = st[5]                                     # turn 1 finished (output 5 = max) under overlap
     slot = s.slots[1]
     assert (slot.committed, slot.allocated, slot.protected) == (15, 15, 8)
     assert slot.last_node is not None and slot.last_node[0] == "node"
     D = s.rows[slot.row][3]
     # idle accounting: session_held = ceil_align(15) - 8 = 8 (pages C, D)
     assert available_size(s) == 48 - 16 and s.protected_size == 8
-    s = st[8]                                     # turn 2 prefilled
+    s = st[7]                                     # turn 2 prefilled
     r = s.reqs[2]
     assert r.prefix_len == 15                     # min(15, 18 - 1)
     assert (r.committed, r.allocated) == (18, 18)
@@ -55,14 +55,14 @@ def test_worked_example_5_4():
     assert row[:4] == [A, B, C, D]                # position 15 continued in D
     E = row[4]
     assert E not in (A, B, C, D)
-    s = st[9]                                     # spec step: allocated 24 (E, F)
-    r = s.reqs[2]
-    assert (r.committed, r.allocated) == (21, 24)
-    F = s.rows[r.row][5]
-    s = st[10]                                    # finished at target 20: F freed
-    assert F in free_set(s) and E not in free_set(s)
-    assert (s.slots[1].committed, s.slots[1].allocated) == (20, 20)
-    s = st[11]                                    # close: C, D, E freed, A, B evictable
+    assert len(s.free_pages) == 12 - 5
+    s = st[8]                                     # spec step to allocated 24 (E, F), output 4 > 2:
+    slot = s.slots[1]                             # finishes at target 20, F freed again
+    assert (slot.committed, slot.allocated) == (20, 20)
+    assert len(s.free_pages) == 12 - 5 and E not in free_set(s)
+    F = s.rows[slot.row][5]
+    assert F in free_set(s)
+    s = st[9]                                     # close: C, D, E freed, A, B evictable
     assert {C, D, E} <= free_set(s) and not ({A, B} & free_set(s))
     assert s.evictable_size == 8 and s.protected_size == 0
     assert len(s.free_pages) == 12 - 2 and not s.slots and not s.sessions
@@ -73,13 +73,15 @@ def test_trim_overshoot_2_8():
     st = walk(S.TRIM_OVERSHOOT)
     before, after = st[-2], st[-1]
     r = before.reqs[1]
-    assert (r.committed, r.allocated, len(r.output)) == (39, 44, 14)   # +1 lookahead at finish
-    row = before.rows[r.row]
-    freed = free_set(after) - free_set(before)
-    assert freed == {row[i] for i in range(38, 44)}                    # positions 38..43
+    assert (r.committed, r.allocated, len(r.output)) == (36, 38, 11)
+    # the last step: allocated 44, committed 39, output 14 > 12 -> finish: lookahead 40,
+    # target 26 + 12 = 38: frees positions 38..43, everything becomes 38
     slot = after.slots[1]
     assert (slot.committed, slot.allocated) == (38, 38)
-    assert after.sessions[1].checkpoint == r.origin + tuple(r.output[:12])  # output truncated to 12
+    assert {after.rows[slot.row][i] for i in range(38, 44)} <= free_set(after)
+    assert not {after.rows[slot.row][i] for i in range(38)} & free_set(after)
+    assert len(after.free_pages) == 60 - 38
+    assert after.sessions[1].checkpoint == r.origin + tuple(r.output) + (1,)  # output truncated to 12
 
 
 def test_free_tail_page_aligned_2_8():
@@ -144,7 +146,7 @@ def test_retract_retry_overlap_2_11():
 
 def test_close_deferred_2_12():
     st = walk(S.CLOSE_DEFERRED)
-    deferred = st[8]
+    deferred = st[7]
     assert deferred.sessions[1].close_pending and 1 in deferred.slots
     done = st[-1]
     assert not done.sessions and not done.slots
@@ -157,6 +159,19 @@ def test_shared_prefix_split_under_lock():
     locks = sorted((len(n.key), n.lock_ref) for n in s.nodes.values() if n.id)
     assert (4, 2) in locks and (4, 1) in locks       # split parent copied lock_ref, then +1
     assert len(st[-1].free_pages) == 14 and not st[-1].nodes.keys() - {0}
+
+
+def test_first_turn_finishing_at_prefill_keeps_the_match_lock_4_3():
+    st = walk(S.FINISH_AT_PREFILL)
+    s = st[6]                                     # session 1's first turn finished in its prefill
+    slot = s.slots[1]
+    path = s.nodes[slot.last_node[1]].key if slot.last_node[1] else ()
+    assert (slot.protected, slot.committed, slot.allocated) == (4, 7, 7)
+    assert 2 not in s.reqs and s.sessions[1].checkpoint == (1, 2, 3, 4, 9, 9, 9, 1)
+    assert len(path) == 4 and s.nodes[slot.last_node[1]].lock_ref == 1   # the split node [1..4]
+    s = st[9]                                     # session 2: root match, protected 0
+    assert s.slots[2].last_node == ("node", 0) and s.slots[2].protected == 0
+    assert (s.slots[2].committed, s.slots[2].allocated) == (3, 3)
 
 
 @pytest.mark.parametrize("sc", S.SCENARIOS, ids=lambda sc: sc.name)

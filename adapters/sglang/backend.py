@@ -401,7 +401,14 @@ class SglangBackend:
         self._prepare_for_decode(L)
         self._write_shadow(req, pos, pos + 1)
         req.output_ids.append(op.token)
+        self._check_finished(L)
         return "ok"
+
+    def _check_finished(self, L) -> None:
+        """Result processing: a request whose output reaches max_new_tokens finishes in
+        the same step (Req.check_finished -> release_kv_cache)."""
+        if len(L.req.output_ids) >= L.req.sampling_params.max_new_tokens:
+            self._finish(L)
 
     def _op_spec_decode(self, op):
         """Emulated speculative step (the fidelity boundary: upstream's EAGLE worker is
@@ -419,13 +426,18 @@ class SglangBackend:
         req.output_ids.extend([op.token] * (op.accepted + 1))
         self._set_lens(req, committed=committed + op.accepted + 1)
         self._write_shadow(req, committed, committed + op.accepted + 1)
+        self._check_finished(L)
         return "ok"
 
     def _op_finish(self, op):
         """process_batch_result_decode for a finished request: the finish reason, then
         release_kv_cache."""
+        self._finish(self.live[op.rid])
+        return "ok"
+
+    def _finish(self, L) -> None:
+        """Result processing of a finished request (check_finished), then release."""
         from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN
-        L = self.live[op.rid]
         req = L.req
         self._lookahead(L)
         max_new = req.sampling_params.max_new_tokens
@@ -435,7 +447,6 @@ class SglangBackend:
             req.finished_reason = FINISH_MATCHED_TOKEN(matched=req.output_ids[-1])
         req.finished_len = min(len(req.output_ids), max_new)
         self._release(L)
-        return "ok"
 
     def _op_abort_queued(self, op):
         """Scheduler.abort_request, waiting-queue branch: the request is popped."""
@@ -531,6 +542,9 @@ class SglangBackend:
             self._release(L)
             return
         req.output_ids.append(SAMPLED_TOKEN)
+        if len(req.output_ids) >= req.sampling_params.max_new_tokens:
+            self._finish(L)         # check_finished: released before any cache_unfinished_req
+            return
         self._cache_unfinished(L, chunked=False)
         L.phase = "decode"
 

@@ -14,7 +14,7 @@ from spec import ops as O
 
 # release -> finding ids present in it
 RELEASES = {"0.5.15": ("U1", "U2", "U3", "U4"),
-            "0.5.23": ("U1", "U2", "U4", "U5")}     # H5 (U3) is fixed in 0.5.23
+            "0.5.23": ("U1", "U2", "U4")}     # H5 (U3) is fixed in 0.5.23
 
 
 def _streaming_turn(s, rid) -> bool:
@@ -35,13 +35,6 @@ def _trigger(s, op) -> Optional[str]:
         return "U2"         # H4: retract runs finish_req (checkpoint advances, _inflight cleared)
     if isinstance(op, O.AbortQueued) and _streaming_turn(s, op.rid):
         return "U3"         # H5: a queued abort makes no session call (_inflight stays set)
-    if isinstance(op, O.Finish):
-        r = s.reqs.get(op.rid)
-        P = s.cfg.page_size
-        if r is not None and r.session is None:
-            owned = len(r.origin) + min(len(r.output), r.max_new_tokens)
-            if r.protected > owned // P * P + P - 1:
-                return "U5"     # owned_kv_len below the published prefix: assert in checkpoint_into_tree
     return None
 
 
