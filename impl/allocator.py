@@ -207,7 +207,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if self.debug_mode:
             assert bool(torch.all((last_loc + 2) % P == seq_lens % P)), \
                 "alloc_decode: last_loc is not congruent to seq_lens"
-        need_new = (seq_lens % P) == (1 % P)
+        need_new = (seq_lens % P) == (0 if "decode_new_page_off_by_one" in faults.ACTIVE else 1 % P)
         n = int(need_new.sum().item())
         if self.need_sort and n > len(self.free_pages):
             self.merge_and_sort_free()

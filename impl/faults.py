@@ -35,6 +35,20 @@ FAULTS: dict[str, str] = {
         "H4 unfixed: retract of a streaming turn calls finish_req (checkpoint advances, _inflight cleared)",
     "abort_req_unconditional":
         "H3 unfixed: Session.abort_req clears _inflight whichever request calls it",
+    "trim_overshoot_missing":
+        "H2 (#22897): a finishing turn skips _trim_overshoot; speculative KV past max_new_tokens stays in the slot",
+    "save_commit_unclamped":
+        "#28754: the slot's kv_committed_len is set to the target without min(allocated): committed > allocated",
+    "midabort_allocated_not_maxed":
+        "mid-abort releases the slot without slot.kv_allocated_len = max(slot, req): the turn's tail leaks",
+    "session_held_counts_borrowed":
+        "#22213: session_held_tokens ignores active_pool_idxs, so a borrowed slot is counted twice while busy",
+    "cache_unfinished_no_row_rewrite":
+        "cache_unfinished_req frees the duplicates but does not point the row at the tree's copies",
+    "evict_ignores_lock":
+        "evict takes locked leaves too: a running turn's or a slot's prompt pages are freed under it",
+    "decode_new_page_off_by_one":
+        "alloc_decode takes a new page when seq_len % P == 0 instead of 1: row/page congruence breaks",
     "queued_abort_keeps_inflight":
         "H5 unfixed: a queued abort of a streaming turn makes no session call; _inflight stays set",
 }

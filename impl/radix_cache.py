@@ -182,6 +182,8 @@ class RadixCache:
 
     # -- eviction -----------------------------------------------------------------------
     def _is_candidate(self, n: TreeNode) -> bool:
+        if "evict_ignores_lock" in faults.ACTIVE:
+            return n is not self.root_node and not n.children
         return n is not self.root_node and n.lock_ref == 0 and not n.children
 
     def evict(self, num_tokens: int) -> int:
@@ -219,7 +221,8 @@ class RadixCache:
             self._split_at_prompt(req, n_keys, kv)
         new_indices, new_last_node = self.match_prefix(keys)
         assert len(new_indices) == n_keys, f"re-match {len(new_indices)} != {n_keys}"
-        self.req_to_token_pool.write(req.req_pool_idx, protected, new_indices[protected:])
+        if "cache_unfinished_no_row_rewrite" not in faults.ACTIVE:
+            self.req_to_token_pool.write(req.req_pool_idx, protected, new_indices[protected:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         req.last_node = new_last_node

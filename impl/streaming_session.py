@@ -148,7 +148,8 @@ class StreamingSession:
                 if "ephemeral_slot_no_lock_node" in faults.ACTIVE:
                     slot.last_node = None
                 self.slots[session_id] = slot
-            slot.kv_allocated_len = max(slot.kv_allocated_len, req.kv_allocated_len)
+            if "midabort_allocated_not_maxed" not in faults.ACTIVE:
+                slot.kv_allocated_len = max(slot.kv_allocated_len, req.kv_allocated_len)
             self.release_session(session_id)
             req.req_pool_idx = None
             req.lock_held = False
@@ -161,9 +162,13 @@ class StreamingSession:
             self.slots[session_id] = slot
         finished_len = req.finished_len if req.finished_len is not None else len(req.output_ids)
         target = len(req.origin_input_ids) + finished_len
-        self._trim_overshoot(req, finished_len)
+        if "trim_overshoot_missing" not in faults.ACTIVE:
+            self._trim_overshoot(req, finished_len)
         slot.save_from_req(req, is_first=is_first)
-        slot.kv_committed_len = min(target, slot.kv_allocated_len)
+        if "save_commit_unclamped" in faults.ACTIVE:
+            slot.kv_committed_len = target
+        else:
+            slot.kv_committed_len = min(target, slot.kv_allocated_len)
         if self.era == "borrow":
             slot.publishes = False     # the turn hands the record back (finish or retract)
         if not retract or "retract_advances_checkpoint" in faults.ACTIVE:
@@ -289,6 +294,8 @@ class StreamingSession:
         total = 0
         for slot in self.slots.values():
             in_batch = active_pool_idxs is not None and slot.req_pool_idx in active_pool_idxs
+            if "session_held_counts_borrowed" in faults.ACTIVE:
+                in_batch = False
             if slot.is_holding_kv and not in_batch:
                 total += ceil_align(slot.kv_allocated_len, self.page_size) - slot.cache_protected_len
         return total
