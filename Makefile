@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.kvcheck-installed
 SECONDS ?= 60
 SGLANG_VERSIONS ?= 0.5.15 0.5.23
-CHECK_SGLANG_EXAMPLES ?= 40
+CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 TRACE ?=
 
