@@ -40,10 +40,13 @@ def resolve(name: str) -> tuple[Optional[Callable], str]:
         return ImplBackend, "impl"
     if name == "sglang" or name.startswith("sglang:") or name.startswith("sglang-"):
         version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
-        from adapters.sglang.proxy import make_backend
+        from adapters.sglang.proxy import SglangUnavailable, make_backend
 
         def factory(cfg):
-            return make_backend(cfg, version)
+            try:
+                return make_backend(cfg, version)
+            except SglangUnavailable as e:
+                raise BackendError(str(e)) from None
         return factory, f"sglang-{version}" if version else "sglang"
     raise BackendError(f"unknown backend {name!r}: use spec, impl, sglang, sglang:VERSION "
                        "or sglang-VERSION")

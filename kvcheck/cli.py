@@ -325,9 +325,10 @@ def main(argv=None) -> int:
     if not getattr(args, "fn", None):
         parser.print_help()
         return 2
+    from kvcheck.backends import BackendError
     try:
         return args.fn(args)
-    except UsageError as e:
+    except (UsageError, BackendError) as e:
         print(f"kvcheck {args.cmd}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
