@@ -28,9 +28,9 @@ def _trigger(s, op) -> Optional[str]:
         if sess is not None and sess.inflight_rid is not None and not sess.close_pending:
             return "U1"     # H3: the rejected stub's abort_req clears another turn's _inflight
     if isinstance(op, O.SubmitTurn) and any(
-            r.streaming and not r.rejected and r.session is None and r.phase == "queued"
+            r.streaming and not r.rejected and r.session is None
             for r in s.reqs.values()):
-        return "U4"         # create_req rewrites the token array a detached queued turn shares
+        return "U4"         # create_req rewrites the token array a detached live turn shares
     if isinstance(op, O.Retract) and _streaming_turn(s, op.rid):
         return "U2"         # H4: retract runs finish_req (checkpoint advances, _inflight cleared)
     if isinstance(op, O.AbortQueued) and _streaming_turn(s, op.rid):
