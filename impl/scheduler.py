@@ -131,14 +131,20 @@ class Scheduler:
 
     @_borrow_synced
     def schedule(self, rid: int, admit: bool = True) -> str:
+        session_before = self._req(rid, "queued").session
+        try:
+            return self._schedule(rid, admit)
+        finally:
+            # a pre-abort detach may have ended the turn of a closing session: the
+            # scheduler loop's maybe_reap carries the close out after this round
+            self.session_controller.maybe_reap(session_before)
+
+    def _schedule(self, rid: int, admit: bool) -> str:
         req = self._req(rid, "queued")
         fill = req.fill_ids
         input_len = len(fill)
         key = fill[: input_len - 1]
-        session_before = req.session
         prefix_indices, last_node, protected = self.tree_cache.match_prefix(req, key)
-        if session_before is not None and req.session is None:
-            self.session_controller.maybe_reap(session_before)   # pre-abort detach ended the turn
         req.prefix_indices = prefix_indices
         req.last_node = last_node
         req.cache_protected_len = protected

@@ -403,7 +403,7 @@ def protected_prefix_is_path(s: AbstractState, cfg: Config):
 # step invariants (before, op, outcome, after)
 # ---------------------------------------------------------------------------
 
-def _publishes_chunk(op, t, u, b: AbstractState, cfg) -> bool:
+def _publishes_chunk(op, t, u, a: AbstractState, cfg) -> bool:
     """Borrow era only: a first turn's chunk checkpoint publishes the prompt through the
     slot it runs on (`try_checkpoint` while `publishes_prompt`), so the slot's protected
     prefix grows and its lock moves deeper. Never happens in the wrapper era, where a
@@ -412,8 +412,9 @@ def _publishes_chunk(op, t, u, b: AbstractState, cfg) -> bool:
         return False
     if not isinstance(op, O.PrefillChunk) or t.protected < u.protected:
         return False
+    # judged on the state before the step: the turn may finish (and leave) in it
     return any(r.rid == op.rid and r.session == t.sid and r.anchor == ("virtual", t.sid)
-               for r in b.reqs)
+               for r in a.reqs)
 
 
 @invariant("I10", "a slot's cache_protected_len and last_node are fixed for its life", step=True)
@@ -423,7 +424,7 @@ def slot_fixed(a: AbstractState, op, outcome, b: AbstractState, cfg=None):
     for t in b.slots:
         u = before.get(t.sid)
         if u is not None and (u.protected, u.last_node) != (t.protected, t.last_node) \
-                and not _publishes_chunk(op, t, u, b, cfg):
+                and not _publishes_chunk(op, t, u, a, cfg):
             out.append(_v(slot_fixed, f"cache_protected_len {u.protected} -> {t.protected}, last_node "
                           f"{u.last_node} -> {t.last_node} by {op}", _slot(t)))
     return out

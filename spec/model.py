@@ -386,7 +386,6 @@ def find_active_slot(s: State, req: Req):
         _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req)
         req.session = None
-        _maybe_close(s, sid)
         return None
     return slot
 
@@ -486,9 +485,7 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
 
 def release_kv_cache(s: State, req: Req, is_insert: bool = True) -> None:
     if _is_streaming(req):
-        sid = req.session
         try_cache_finished_req(s, req)
-        _maybe_close(s, sid)
     else:
         _release_plain(s, req, is_insert)
 
@@ -709,7 +706,6 @@ def _abort_queued(s: State, req: Req) -> None:
         sid = req.session
         _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req)
-        _maybe_close(s, sid)
     del s.reqs[req.rid]
 
 
@@ -857,6 +853,8 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
         out = "ok"
     else:  # pragma: no cover - enabled() refuses unknown ops
         raise ValueError(f"unknown op {op!r}")
+    for sid in list(s.sessions):        # the scheduler loop's maybe_reap, after the round:
+        _maybe_close(s, sid)            # a deferred close whose turn has ended is carried out
     if s.cfg.era == "borrow":
         _sync_borrowed(s)
     return s, out
