@@ -209,8 +209,9 @@ def cmd_check(args) -> int:
         from spec.ops import OP_NAMES
         missing = [n for n in OP_NAMES if not M.COVERAGE[n]]
         cov = f"; NOT REACHED: {missing}" if missing else "; every operation reached"
+        what = f"spec vs {bname}" if factory else "spec alone"
         return not missing, (f"{M.STEPS['sequences']} sequences, {M.STEPS['steps']} steps, "
-                             f"spec vs {bname}{cov}")
+                             f"{what}{cov}")
 
     def explore():
         from kvcheck import explore as X
