@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     class StepOnly(M.make_machine(None)):
         def apply(self, op):            # the model's transition only: no view, no invariant
             if M.enabled(self.s, op):
-                self.s, _ = M.step(self.s, op)
+                self.lock.state, _ = M.step(self.s, op)
                 M.STEPS["steps"] += 1
 
     rows = [("empty Hypothesis machine (same rules)", Empty),

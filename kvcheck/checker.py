@@ -85,42 +85,62 @@ class RunResult:
         return self.failure is None
 
 
+class Lockstep:
+    """The spec and (optionally) one system under test, advanced together one operation
+    at a time; each step is checked as the module docstring says. `run_ops` and the
+    Hypothesis machines both drive this, so a step is checked one way everywhere."""
+
+    def __init__(self, cfg: Config, backend=None, backend_name: str = "impl",
+                 check_spec: bool = True):
+        self.cfg, self.backend, self.backend_name = cfg, backend, backend_name
+        self.check_spec = check_spec
+        self.state = initial_state(cfg)
+        self.prev = abstract(self.state)
+        self.steps = 0
+        if backend is not None:
+            backend._kvcheck_prev = backend.abstract()
+
+    def apply(self, op: Op) -> tuple[StepRecord, Optional[Failure]]:
+        """Apply op on both sides; on success the lockstep advances."""
+        i, cfg = self.steps, self.cfg
+        rec = StepRecord(i, op, "", self.prev)
+        if not enabled(self.state, op):
+            return rec, Failure(i, op, DISABLED, "spec",
+                                details=["the spec's guard refuses this operation here"])
+        try:
+            s, out = step(self.state, op)
+        except ModelError as e:
+            return rec, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)])
+        except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
+            return rec, Failure(i, op, EXCEPTION, "spec", details=_tb(e))
+        b_spec = abstract(s)
+        rec = StepRecord(i, op, out, b_spec)
+        if self.check_spec:
+            vs = check_state(b_spec, cfg) + check_step(self.prev, op, out, b_spec, cfg)
+            if vs:
+                return rec, _failure(i, op, "spec", vs)
+        if self.backend is not None:
+            fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec)
+            if fail is not None:
+                return rec, fail
+        self.state, self.prev, self.steps = s, b_spec, i + 1
+        return rec, None
+
+
 def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             check_spec: bool = True, keep_records: bool = False,
             on_step: Optional[Callable] = None) -> RunResult:
     """Run ops on the spec (and `backend` if given). Stops at the first failure."""
-    s = initial_state(cfg)
-    a_spec = abstract(s)
+    lock = Lockstep(cfg, backend, backend_name, check_spec)
     records = []
-    if backend is not None:
-        backend._kvcheck_prev = backend.abstract()
     for i, op in enumerate(ops):
-        if not enabled(s, op):
-            return RunResult(i, Failure(i, op, DISABLED, "spec",
-                                        details=["the spec's guard refuses this operation here"]), records)
-        try:
-            s, out = step(s, op)
-        except ModelError as e:
-            return RunResult(i, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)]), records)
-        except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
-            return RunResult(i, Failure(i, op, EXCEPTION, "spec", details=_tb(e)), records)
-        b_spec = abstract(s)
-        if check_spec:
-            vs = check_state(b_spec, cfg) + check_step(a_spec, op, out, b_spec, cfg)
-            if vs:
-                return RunResult(i, _failure(i, op, "spec", vs), records)
-        rec = StepRecord(i, op, out, b_spec)
-        if backend is not None:
-            fail = _check_backend(i, op, out, b_spec, backend, backend_name, cfg, rec)
-            if fail is not None:
-                if keep_records:
-                    records.append(rec)
-                return RunResult(i, fail, records)
-        if keep_records:
+        rec, fail = lock.apply(op)
+        if keep_records and (fail is None or fail.side != "spec"):
             records.append(rec)
+        if fail is not None:
+            return RunResult(i, fail, records)
         if on_step is not None:
             on_step(rec)
-        a_spec = b_spec
     return RunResult(len(ops), None, records)
 
 

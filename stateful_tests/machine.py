@@ -20,13 +20,10 @@ from collections import Counter
 from hypothesis import event, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcheck.checker import run_ops  # noqa: F401  (re-exported for drivers)
-from kvcheck.checker import Failure, StepRecord, _check_backend, _failure, _tb
+from kvcheck.checker import Failure, Lockstep
 from spec import ops as O
 from spec.config import Config
-from spec.invariants import check_state, check_step
-from spec.model import ModelError, enabled, initial_state, step
-from spec.view import abstract
+from spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
 
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
 TOKENS = st.integers(1, 4)
@@ -81,10 +78,18 @@ class KVMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
         self.cfg = None
-        self.s = None
+        self.lock = None
         self.ops: list = []
-        self.backend = None
         self.next_id = 1
+
+    @property
+    def s(self):
+        """The spec state (None before set-up): the live bundles are read off it."""
+        return None if self.lock is None else self.lock.state
+
+    @property
+    def backend(self):
+        return None if self.lock is None else self.lock.backend
 
     # -- set-up -------------------------------------------------------------
     @initialize(data=st.data())
@@ -92,11 +97,9 @@ class KVMachine(RuleBasedStateMachine):
         cfg = data.draw(type(self).config_strategy, label="config")
         self.cfg = cfg
         STEPS["sequences"] += 1
-        self.s = initial_state(cfg)
-        self.prev = abstract(self.s)
-        if self.backend_factory is not None:
-            self.backend = type(self).backend_factory(cfg)
-            self.backend._kvcheck_prev = self.backend.abstract()
+        factory = type(self).backend_factory
+        self.lock = Lockstep(cfg, factory(cfg) if factory is not None else None,
+                             self.backend_name)
         event(f"P={cfg.page_size} spec={cfg.spec_enabled} overlap={cfg.overlap} era={cfg.era}")
 
     def teardown(self):
@@ -115,24 +118,11 @@ class KVMachine(RuleBasedStateMachine):
             if reason:
                 event(f"skipped: recorded finding {reason}")
                 return
-        i = len(self.ops)
         self.ops.append(op)
-        try:
-            nxt, out = step(self.s, op)
-        except ModelError as e:
-            self._fail(Failure(i, op, "M1", "spec", details=[str(e)]))
-        except Exception as e:
-            self._fail(Failure(i, op, "E1", "spec", details=_tb(e)))
-        b = abstract(nxt)
-        vs = check_state(b, self.cfg) + check_step(self.prev, op, out, b, self.cfg)
-        if vs:
-            self._fail(_failure(i, op, "spec", vs))
-        if self.backend is not None:
-            fail = _check_backend(i, op, out, b, self.backend, self.backend_name, self.cfg,
-                                  StepRecord(i, op, out, b))
-            if fail is not None:
-                self._fail(fail)
-        self.s, self.prev = nxt, b
+        rec, fail = self.lock.apply(op)
+        if fail is not None:
+            self._fail(fail)
+        out = rec.outcome
         COVERAGE[op.name] += 1
         OUTCOMES[f"{op.name}:{out}"] += 1
         STEPS["steps"] += 1
