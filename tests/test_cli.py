@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from kvcheck import cli
+from kvcheck.replay import replay_trace
 from kvcheck.trace import TraceError, load, parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +101,7 @@ def test_fuzz_finds_planted_fault_and_writes_replayable_trace(tmp_path):
     t = load(f.path)
     assert t.expect.invariant == f.id
     with faults.planted("free_no_page_dedup"):
-        res, ok = cli.replay_trace(t, "impl", verbose=False)
+        res, ok = replay_trace(t, "impl", verbose=False)
     assert ok
 
 
