@@ -1,13 +1,16 @@
-"""Differential steps per second, layer by layer (python -m benchmarks.bench_diff).
+"""Differential steps per second, layer by layer and engine by engine
+(python -m benchmarks.bench_diff).
 
-Same rules, same seed, same number of sequences:
-  1. an empty Hypothesis machine: the rules draw their arguments and do nothing (the
-     state never advances, so fewer rules are enabled: a floor, not a like-for-like row);
+Hypothesis machine (same rules, same seed, same number of sequences):
+  1. an empty machine: the rules draw their arguments and do nothing (the state never
+     advances, so fewer rules are enabled: a floor, not a like-for-like row);
   2. the spec's transitions only (guard + step);
   3. the spec alone as checked: step + abstract view + every invariant;
   4. spec + impl on the current device: also impl's step, its abstract view, concrete
      checks, invariants on impl's side and the canonical comparison.
-The difference between rows is the cost of each layer.
+Walk engine (kvcheck.engines.walk, same Lockstep): rows 3 and 4 again.
+Rates are per CPU-second of this process (the machine may be shared: compare rows of
+one run, not runs).
 """
 from __future__ import annotations
 
@@ -17,18 +20,52 @@ import time
 from hypothesis import Phase, Verbosity, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from stateful_tests import machine as M
-from stateful_tests import profiles  # noqa: F401
+from kvcheck.engines import hypothesis_machine as M
+from kvcheck.engines.gen import Stats
+from kvcheck.engines.walk import walk
 
 
 def run(machine, examples: int, s: int) -> tuple[float, int, int]:
-    M.STEPS.clear()
+    M.STATS.clear()
     seed(s)(machine)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     run_state_machine_as_test(machine, settings=settings(
         settings.get_profile("kvcheck-fuzz"), max_examples=examples, phases=[Phase.generate],
         verbosity=Verbosity.quiet))
-    return time.perf_counter() - t0, M.STEPS["steps"], M.STEPS["sequences"]
+    return time.process_time() - t0, M.STATS.steps, M.STATS.sequences
+
+
+def run_walk(factory, examples: int, s: int) -> tuple[float, int, int]:
+    stats = Stats()
+    t0 = time.process_time()
+    for i in range(examples):
+        walk(s, i, factory, "impl", stats)
+    return time.process_time() - t0, stats.steps, stats.sequences
+
+
+def measure(examples: int, s: int) -> dict:
+    """{row name: (cpu seconds, steps, sequences)} for every row of the table."""
+    from adapters.impl import ImplBackend
+    from impl.device import resolve_device
+
+    class Empty(M.make_machine(None)):
+        def apply(self, op):            # draws happen in the rules; nothing is applied
+            M.STATS.steps += 1
+
+    class StepOnly(M.make_machine(None)):
+        def apply(self, op):            # the model's transition only: no view, no invariant
+            if M.enabled(self.s, op):
+                self.lock.state, _ = M.step(self.s, op)
+                M.STATS.steps += 1
+
+    dev = resolve_device(None)
+    rows = {"hypothesis: empty machine (same rules)": lambda: run(Empty, examples, s),
+            "hypothesis: spec transitions only": lambda: run(StepOnly, examples, s),
+            "hypothesis: spec alone (step, view, invariants)": lambda: run(M.make_machine(None), examples, s),
+            f"hypothesis: spec + impl on {dev}": lambda: run(M.make_machine(ImplBackend, "impl"), examples, s),
+            "walk: spec alone (step, view, invariants)": lambda: run_walk(None, examples, s),
+            f"walk: spec + impl on {dev}": lambda: run_walk(ImplBackend, examples, s)}
+    return {name: fn() for name, fn in rows.items()}
 
 
 def main(argv=None) -> int:
@@ -36,31 +73,16 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=150)
     ap.add_argument("--seed", type=int, default=11)
     args = ap.parse_args(argv)
-    from adapters.impl import ImplBackend
-    from impl.device import resolve_device
-
-    class Empty(M.make_machine(None)):
-        def apply(self, op):            # draws happen in the rules; nothing is applied
-            M.STEPS["steps"] += 1
-
-    class StepOnly(M.make_machine(None)):
-        def apply(self, op):            # the model's transition only: no view, no invariant
-            if M.enabled(self.s, op):
-                self.lock.state, _ = M.step(self.s, op)
-                M.STEPS["steps"] += 1
-
-    rows = [("empty Hypothesis machine (same rules)", Empty),
-            ("spec transitions only", StepOnly),
-            ("spec alone (step, view, invariants)", M.make_machine(None)),
-            (f"spec + impl on {resolve_device(None)}", M.make_machine(ImplBackend, "impl"))]
-    print(f"{'layer':<42} {'seconds':>8} {'steps':>7} {'steps/s':>9} {'ms/step':>8}")
-    base = None
-    for name, machine in rows:
-        dt, steps, seqs = run(machine, args.examples, args.seed)
+    print(f"{'layer':<50} {'cpu s':>7} {'steps':>7} {'steps/cpu-s':>12} {'ms/step':>8}")
+    res = measure(args.examples, args.seed)
+    for name, (dt, steps, seqs) in res.items():
         rate = steps / dt if dt else 0
-        print(f"{name:<42} {dt:8.2f} {steps:7d} {rate:9.0f} {1000 * dt / max(steps, 1):8.3f}")
-        base = base or (dt, steps)
-    print("(rules draw the same arguments in each row; 'steps' counts rule bodies that reached apply)")
+        print(f"{name:<50} {dt:7.2f} {steps:7d} {rate:12.0f} {1000 * dt / max(steps, 1):8.3f}")
+    hyp = [v for k, v in res.items() if k.startswith("hypothesis: spec + impl")][0]
+    wlk = [v for k, v in res.items() if k.startswith("walk: spec + impl")][0]
+    print(f"walk / hypothesis, spec + impl steps per CPU-second: "
+          f"x{(wlk[1] / wlk[0]) / (hyp[1] / hyp[0]):.1f}")
+    print("(hypothesis rows: rules draw the same arguments; 'steps' counts applied operations)")
     return 0
 
 

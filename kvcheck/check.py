@@ -36,14 +36,12 @@ def check_corpus(paths, backend: str, out=print) -> list:
     return bad
 
 
-def cmd_check(args) -> int:
-    from hypothesis import settings
-    from hypothesis.stateful import run_state_machine_as_test
+CHECK_SEED = 0
+"""The differential part's campaign seed (fixed: `make check` is reproducible)."""
 
-    from kvcheck.backends import resolve
-    from kvcheck.fuzz import _shrink_and_write
-    from stateful_tests import machine as M
-    from stateful_tests import profiles  # noqa: F401
+
+def cmd_check(args) -> int:
+    from kvcheck.engines import DEFAULT_ENGINE
 
     results = []
 
@@ -68,30 +66,24 @@ def cmd_check(args) -> int:
         return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected"
 
     def differential():
-        from kvcheck.backends import known_findings, release_era
-        factory, bname = resolve(args.backend)
-        skip = known_findings(args.backend)
-        era = release_era(args.backend)
-        M.COVERAGE.clear(), M.STEPS.clear(), M.LAST_FAILURE.clear()
-        try:
-            for spec_on in (False, True):   # half the budget each way, so both decode kinds run
-                machine = M.make_machine(factory, bname, M.configs(spec_enabled=spec_on, era=era), skip)
-                run_state_machine_as_test(machine, settings=settings(
-                    settings.get_profile("kvcheck-check"), max_examples=max(1, args.examples // 2)))
-        except Exception:
-            if not M.LAST_FAILURE:
-                raise
-            f = M.LAST_FAILURE["failure"]
-            found = _shrink_and_write(M.LAST_FAILURE["config"], M.LAST_FAILURE["ops"], f, factory,
-                                      bname, Path(args.out), 0, 1, 0.0, 30.0, "")
-            return False, (f"{f.id} on {f.side}: {found.summary}\n   trace: {found.path}\n"
-                           f"   replay: kvcheck replay {found.path} --backend {bname}")
+        from kvcheck.fuzz import Console, fuzz
         from spec.ops import OP_NAMES
-        missing = [n for n in OP_NAMES if not M.COVERAGE[n]]
+        # a fixed seed and a count budget: the same sequences on every machine; the first
+        # failure is reported at once, then shrunk by kvcheck (never by Hypothesis)
+        rep = fuzz(None, CHECK_SEED, args.backend, args.out, rounds=max(1, args.examples),
+                   engine=getattr(args, "engine", DEFAULT_ENGINE), stop_on_first=True,
+                   console=Console(quiet=True, prefix="   "))
+        if rep.interrupted:
+            raise KeyboardInterrupt
+        if rep.found:
+            f = rep.found[0]
+            return False, (f"{f.id} on {f.side}: {f.summary}\n   trace: {f.path}\n"
+                           f"   replay: kvcheck replay {f.path} --backend {rep.backend}")
+        missing = [n for n in OP_NAMES if not rep.coverage.get(n)]
         cov = f"; NOT REACHED: {missing}" if missing else "; every operation reached"
-        what = f"spec vs {bname}" if factory else "spec alone"
-        return not missing, (f"{M.STEPS['sequences']} sequences, {M.STEPS['steps']} steps, "
-                             f"{what}{cov}")
+        what = f"spec vs {rep.backend}" if rep.backend != "spec" else "spec alone"
+        return not missing, (f"{rep.sequences} sequences, {rep.steps} steps, {rep.engine} "
+                             f"engine, {what}{cov}")
 
     def explore():
         from kvcheck import explore as X
@@ -119,6 +111,7 @@ def cmd_check(args) -> int:
                 res, ok = replay_trace(t, "impl", verbose=False)
             if not ok:
                 missed.append(f.stem)
+                print(f"   MISSED {f.stem}: its trace no longer fails as recorded", flush=True)
         return not missed, (f"{len(files) - len(missed)}/{len(files)} planted-fault traces still caught"
                             + (f"; MISSED: {missed}" if missed else ""))
 

@@ -6,9 +6,11 @@ import argparse
 import sys
 
 from kvcheck.check import cmd_check
+from kvcheck.engines import DEFAULT_ENGINE, ENGINES
 from kvcheck.errors import UsageError
 from kvcheck.replay import cmd_replay
 from kvcheck.selftest import cmd_fuzz, cmd_selftest
+from kvcheck.shrink import DEFAULT_REPLAYS
 
 
 def cmd_explore(args) -> int:
@@ -21,6 +23,17 @@ def cmd_prove(args) -> int:
     res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair)
     print(proofs.report(res))
     return 0 if proofs.ok(res) else 1
+
+
+def _add_campaign_flags(p) -> None:
+    """The fuzz campaign's flags, shared by fuzz and selftest."""
+    p.add_argument("--rounds", type=int, default=None,
+                   help="count budget: N sequences (same seed and count: identical failure files)")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help=f"walk (seeded random walk, swarm) or hypothesis (default {DEFAULT_ENGINE})")
+    p.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    p.add_argument("--shrink-replays", type=int, default=DEFAULT_REPLAYS,
+                   help=f"shrink budget in replays (default {DEFAULT_REPLAYS}; 0: no shrinking)")
 
 
 # ---------------------------------------------------------------------------
@@ -37,13 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="failures", help="where failure traces go (default failures/)")
     c.add_argument("--skip-explore", action="store_true")
     c.add_argument("--skip-proofs", action="store_true")
+    c.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
+                   help=f"differential fuzz engine (default {DEFAULT_ENGINE})")
     c.set_defaults(fn=cmd_check)
 
     f = sub.add_parser("fuzz", help="randomised differential runs for a time budget")
-    f.add_argument("--seconds", type=float, default=60)
+    f.add_argument("--seconds", type=float, default=None,
+                   help="time budget (default 60 unless --rounds is given)")
     f.add_argument("--seed", type=int, default=None, help="recorded and printed; rerun with it")
     f.add_argument("--backend", default="impl")
     f.add_argument("--out", default="failures", help="where shrunk failure traces go (default failures/)")
+    _add_campaign_flags(f)
+    f.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the campaign as Ray tasks (local Ray without ADDRESS; needs kvcheck[ray])")
     f.set_defaults(fn=cmd_fuzz)
 
     r = sub.add_parser("replay", help="run one trace on the spec and a backend, step by step")
@@ -53,10 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("selftest", help="fuzz against each planted fault in impl/; all must be caught")
-    s.add_argument("--seconds", type=float, default=60, help="budget per fault (default 60)")
+    s.add_argument("--seconds", type=float, default=None,
+                   help="budget per fault (default 60 unless --rounds is given)")
     s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--shrink-seconds", type=float, default=30)
     s.add_argument("--out", default="failures/selftest")
+    _add_campaign_flags(s)
     s.add_argument("faults", nargs="*", help="fault names (default: all)")
     s.set_defaults(fn=cmd_selftest)
 

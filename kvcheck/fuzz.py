@@ -1,33 +1,53 @@
-"""Randomised differential runs with a time budget (`kvcheck fuzz`, `kvcheck selftest`).
+"""Randomised differential campaigns (`kvcheck fuzz`, `kvcheck selftest`, the
+differential part of `kvcheck check`).
 
-Rounds of the Hypothesis state machine (profile `kvcheck-fuzz`: not derandomised,
-each round seeded from the recorded seed, so a run is reproducible with --seed). A
-failure's operations are shrunk on the trace (kvcheck.shrink), written as a trace
-file at once (so an interrupt loses nothing), deduplicated by (invariant, side), and
-printed with the command that replays it.
+A campaign runs sequences of one engine (kvcheck.engines: `walk` by default, or
+`hypothesis`) in chunks (kvcheck.engines.campaign), inline, in `--workers N` local
+processes or as Ray tasks, within a count budget (`rounds` sequences: the same seed
+and count give byte-identical failure files anywhere) or a seconds budget. The driver
+alone deduplicates failures by root cause (failure id, side, operation, owner kind)
+and writes them:
+
+1. the unshrunk trace is written and reported at once (id, step, one-line summary,
+   path), before anything else happens;
+2. kvcheck's shrinker (kvcheck.shrink) shrinks it within a budget of replays, with a
+   live progress line, and the shrunk trace replaces the unshrunk one.
+
+SIGINT at any moment (generation, shrinking, writing) ends the campaign with a report
+that lists every trace written, unshrunk ones marked; a trace is never half-written
+(writes finish before the interrupt is taken) and an interrupt that a library swallows
+still stops the campaign at the next sequence or replay.
 """
 from __future__ import annotations
 
 import random
+import signal
 import sys
+import threading
 import time
-from collections import Counter
+from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from hypothesis import Phase, Verbosity, seed as hseed, settings
-from hypothesis.stateful import run_state_machine_as_test
-
-from kvcheck.backends import resolve
 from kvcheck.checker import run_ops
-from kvcheck.shrink import shrink
+from kvcheck.engines import DEFAULT_ENGINE
+from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
+from kvcheck.engines.gen import Stats
+from kvcheck.shrink import DEFAULT_REPLAYS, shrink
 from kvcheck.trace import Expect, Trace
 from spec.ops import OP_NAMES
-from stateful_tests import machine as M
-from stateful_tests import profiles  # noqa: F401  (registers the profiles)
 
-ROUND_EXAMPLES = 20
+WORKER_CHUNK = 8
+"""Sequences per chunk handed to a worker process or Ray task (a chunk ends early at
+its first failure, so a failure is reported without waiting for the rest)."""
+PROGRESS_EVERY_S = 5.0
+
+
+def on_trace_written(path: Path) -> None:
+    """Called for every trace file a campaign writes (unshrunk, then shrunk): the one
+    place where a written trace gets its companion files (the HTML report goes here)."""
 
 
 @dataclass
@@ -38,148 +58,316 @@ class Found:
     path: Path
     length: int
     original_length: int
-    seconds_to_find: float
+    seconds_to_find: float      # campaign start -> first report printed
     summary: str
+    index: int = 0              # the sequence that found it
+    shrunk: bool = False
+    seconds_to_shrunk: Optional[float] = None
+    replays: int = 0
 
 
 @dataclass
 class FuzzReport:
     seed: int
     backend: str
+    engine: str = DEFAULT_ENGINE
+    workers: int = 1
     seconds: float = 0.0
     sequences: int = 0
     steps: int = 0
-    coverage: Counter = field(default_factory=Counter)
-    outcomes: Counter = field(default_factory=Counter)
+    coverage: dict = field(default_factory=dict)
+    outcomes: dict = field(default_factory=dict)
     found: list = field(default_factory=list)
     duplicates: int = 0
     interrupted: bool = False
 
     def render(self) -> str:
         rate = self.steps / self.seconds if self.seconds else 0.0
-        lines = [f"fuzz: backend {self.backend}, seed {self.seed}, {self.seconds:.1f} s"
-                 f"{' (interrupted)' if self.interrupted else ''}",
+        lines = [f"fuzz: backend {self.backend}, engine {self.engine}, seed {self.seed}, "
+                 f"{self.workers} worker(s), {self.seconds:.1f} s"
+                 f"{' (INTERRUPTED)' if self.interrupted else ''}",
                  f"  sequences {self.sequences}, steps {self.steps}, {rate:.0f} steps/s",
                  "  operation coverage (applied steps):"]
         width = max(len(n) for n in OP_NAMES)
         for n in OP_NAMES:
             outs = ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(self.outcomes.items())
                              if k.split(":", 1)[0] == n)
-            lines.append(f"    {n:<{width}} {self.coverage[n]:>7}  {outs}")
-        missing = [n for n in OP_NAMES if not self.coverage[n]]
+            lines.append(f"    {n:<{width}} {self.coverage.get(n, 0):>7}  {outs}")
+        missing = [n for n in OP_NAMES if not self.coverage.get(n)]
         if missing:
             lines.append(f"  NOT REACHED: {', '.join(missing)}")
         if not self.found:
-            lines.append("  no failure found")
+            lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
         for f in self.found:
-            lines.append(f"  FAILURE {f.id} on {f.side} at step {f.step} "
-                         f"({f.length} ops, shrunk from {f.original_length}; found after "
-                         f"{f.seconds_to_find:.1f} s): {f.summary}")
+            how = (f"{f.length} ops, shrunk from {f.original_length}" if f.shrunk else
+                   f"{f.length} ops, UNSHRUNK (interrupted while shrinking)")
+            lines.append(f"  FAILURE {f.id} on {f.side} at step {f.step} ({how}; first reported "
+                         f"after {f.seconds_to_find:.1f} s): {f.summary}")
             lines.append(f"    trace:  {f.path}")
             lines.append(f"    replay: kvcheck replay {f.path} --backend {self.backend}")
             lines.append(f"    keep it: mv {f.path} stateful_tests/regressions/ "
                          "(replayed by make check and make test from then on)")
         if self.duplicates:
-            lines.append(f"  ({self.duplicates} more failure(s) with an already-reported invariant)")
+            lines.append(f"  ({self.duplicates} more failure(s) with an already-reported root cause)")
+        if self.interrupted and self.found:
+            lines.append("  traces written: " + ", ".join(
+                f"{f.path}{'' if f.shrunk else ' (unshrunk)'}" for f in self.found))
         return "\n".join(lines)
 
 
-def _log(msg: str, quiet: bool) -> None:
-    if not quiet:
-        print(msg, file=sys.stderr, flush=True)
+# -- interrupts ----------------------------------------------------------------------------
+
+class Interrupts:
+    """SIGINT sets a flag and raises KeyboardInterrupt, except inside `deferred()` (a
+    trace being written), where it is raised when the block ends. The flag is checked
+    between sequences and replays, so an interrupt swallowed by a library still ends
+    the campaign."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.depth = 0
+
+    def handler(self, signum, frame):
+        self.flag = True
+        if not self.depth:
+            raise KeyboardInterrupt
+
+    def check(self) -> None:
+        if self.flag:
+            raise KeyboardInterrupt
+
+    @contextmanager
+    def deferred(self):
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+        if not self.depth:
+            self.check()
+
+    @contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+        old = signal.signal(signal.SIGINT, self.handler)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, old)
 
 
-def fuzz(seconds: float, seed: Optional[int] = None, backend: str = "impl",
-         out_dir: str | Path = "failures", *, stop_on_first: bool = False,
-         quiet: bool = False, shrink_budget_s: float = 60.0, label: str = "") -> FuzzReport:
-    factory, bname = resolve(backend)
+# -- console output ------------------------------------------------------------------------
+
+class Console:
+    """What a campaign prints on stderr as it goes: the first report of every failure
+    (always), shrink progress (a live rich line on a terminal, one line otherwise),
+    and, unless quiet, the header and a campaign-wide progress line."""
+
+    def __init__(self, quiet: bool = False, prefix: str = "") -> None:
+        from rich.console import Console as RichConsole
+        self.quiet, self.prefix = quiet, prefix
+        self.rich = RichConsole(stderr=True, highlight=False, soft_wrap=True)
+
+    def line(self, msg: str, always: bool = False) -> None:
+        if always or not self.quiet:
+            print(self.prefix + msg, file=sys.stderr, flush=True)
+
+    def found(self, f: Found) -> None:
+        self.line(f"FOUND {f.id} on {f.side} at step {f.step} (sequence {f.index}, "
+                  f"{f.seconds_to_find:.2f} s): {f.summary}", always=True)
+        self.line(f"  unshrunk trace ({f.original_length} ops): {f.path}", always=True)
+
+    @contextmanager
+    def shrinking(self, f: Found, max_replays: int):
+        """Yields on_replay(replays, length) for the shrinker."""
+        if not self.rich.is_terminal:
+            yield lambda n, length: None
+            return
+        from rich.progress import BarColumn, Progress, TextColumn
+        with Progress(TextColumn(self.prefix + "  shrinking {task.description}"), BarColumn(),
+                      TextColumn("{task.completed}/{task.total} replays, {task.fields[ops]} ops"),
+                      console=self.rich, transient=True) as prog:
+            task = prog.add_task(f"{f.id}", total=max_replays, ops=f.original_length)
+            yield lambda n, length: prog.update(task, completed=n, ops=length)
+
+    def shrunk(self, f: Found) -> None:
+        self.line(f"  shrunk {f.original_length} -> {f.length} ops in {f.replays} replays "
+                  f"({f.seconds_to_shrunk:.1f} s): {f.path}", always=True)
+
+
+# -- the campaign ---------------------------------------------------------------------------
+
+def root_cause(failure) -> tuple:
+    """What deduplicates failures across sequences and workers: the failure id, the side,
+    the operation at the failing step and the kind of owner the first violation names."""
+    owner = failure.violations[0].owner if failure.violations else None
+    kind = owner.split()[0] if owner else "-"
+    return (failure.id, failure.side, failure.op.name, kind)
+
+
+def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: str = "impl",
+         out_dir: str | Path = "failures", *, rounds: Optional[int] = None,
+         engine: str = DEFAULT_ENGINE, workers: int = 1, use_ray: bool = False,
+         ray_address: Optional[str] = None, stop_on_first: bool = False, quiet: bool = False,
+         shrink_replays: int = DEFAULT_REPLAYS, label: str = "", planted: tuple = (),
+         spec_enabled: Optional[bool] = None, console: Optional[Console] = None) -> FuzzReport:
+    """Run a campaign within `rounds` sequences and/or `seconds` (at least one)."""
+    from impl import faults
+    from kvcheck.backends import known_findings, resolve
+    if rounds is None and seconds is None:
+        raise ValueError("fuzz needs a budget: rounds or seconds")
+    factory, bname = resolve(backend)       # a bad backend is a usage error before any work
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
-    report = FuzzReport(seed=seed, backend=bname)
-    _log(f"kvcheck fuzz: backend {bname}, seed {seed} (rerun with --seed {seed}), "
-         f"{seconds:g} s", quiet)
-    from kvcheck.backends import known_findings, release_era
-    skip = known_findings(backend)
-    era = release_era(backend)
-    if skip is not None:
-        _log(f"  leaving out operations that trigger the findings recorded for {bname} "
-             "(docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)", quiet)
-    machine = M.make_machine(factory, bname, M.configs(era=era) if era else None, skip=skip)
-    base = settings(settings.get_profile("kvcheck-fuzz"), max_examples=ROUND_EXAMPLES,
-                    phases=[Phase.generate], verbosity=Verbosity.quiet, print_blob=False)
-    M.COVERAGE.clear(), M.OUTCOMES.clear(), M.STEPS.clear()
-    seen: set = set()
+    console = console or Console(quiet)
+    budget = " and ".join(x for x in (f"{rounds} sequences" if rounds is not None else "",
+                                      f"{seconds:g} s" if seconds is not None else "") if x)
+    console.line(f"kvcheck fuzz: backend {bname}, engine {engine}, seed {seed} (rerun with "
+                 f"--seed {seed}), {budget}"
+                 + (f", {workers} workers" if workers > 1 else "") + (" on Ray" if use_ray else ""))
+    if known_findings(backend) is not None:
+        console.line("  leaving out operations that trigger the findings recorded for "
+                     f"{bname} (docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)")
+    c = Campaign(engine, seed, backend, spec_enabled)
+    report = FuzzReport(seed=seed, backend=bname, engine=engine)
+    stats = Stats()
+    ints = Interrupts()
+    drv = _Driver(c, report, console, ints, Path(out_dir), factory, bname, shrink_replays,
+                  label or ",".join(planted))
     start = time.monotonic()
-    last_progress = start
-    rnd = 0
-    out_dir = Path(out_dir)
-    try:
-        while time.monotonic() - start < seconds:
-            M.LAST_FAILURE.clear()
-            hseed(seed * 1_000_003 + rnd)(machine)
-            rnd += 1
-            try:
-                run_state_machine_as_test(machine, settings=base)
-            except Exception:
-                if not M.LAST_FAILURE:
-                    raise
-                found_at = time.monotonic() - start
-                f = M.LAST_FAILURE["failure"]
-                key = (f.id, f.side)
-                if key in seen:
-                    report.duplicates += 1
-                else:
-                    seen.add(key)
-                    _log(f"  [{found_at:6.1f}s] {f.id} on {f.side} at step {f.step}: shrinking "
-                         f"{len(M.LAST_FAILURE['ops'])} ops...", quiet)
-                    found = _shrink_and_write(M.LAST_FAILURE["config"], M.LAST_FAILURE["ops"], f,
-                                              factory, bname, out_dir, seed, rnd, found_at,
-                                              shrink_budget_s, label)
-                    report.found.append(found)
-                    _log(f"           -> {found.length} ops, {found.path}", quiet)
-                    if stop_on_first:
-                        break
-            now = time.monotonic()
-            if now - last_progress >= 5:
-                last_progress = now
-                el = now - start
-                _log(f"  [{el:6.1f}s] sequences {M.STEPS['sequences']}, steps {M.STEPS['steps']} "
-                     f"({M.STEPS['steps'] / el:.0f}/s), failures {len(report.found)}", quiet)
-    except KeyboardInterrupt:
-        report.interrupted = True
+    executor = None
+    with ints.installed(), faults.planted(*planted):
+        try:
+            executor = make_executor(workers, ray_address, use_ray)
+            report.workers = executor.workers
+            drv.start = start
+            _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, tuple(planted), start)
+        except KeyboardInterrupt:
+            report.interrupted = True
+        finally:
+            if executor is not None:
+                executor.shutdown()
     report.seconds = time.monotonic() - start
-    report.sequences = M.STEPS["sequences"]
-    report.steps = M.STEPS["steps"]
-    report.coverage = Counter(M.COVERAGE)
-    report.outcomes = Counter(M.OUTCOMES)
+    report.sequences, report.steps = stats.sequences, stats.steps
+    report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     return report
 
 
-def _shrink_and_write(cfg, ops, failure, factory, bname, out_dir, seed, rnd, found_at,
-                      budget, label) -> Found:
-    def outcome(candidate):
-        backend = factory(cfg) if factory else None
-        try:
-            return run_ops(cfg, candidate, backend, backend_name=bname).failure
-        finally:
-            if backend is not None and hasattr(backend, "close"):
-                backend.close()
+def _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, planted, start) -> None:
+    unit = c.chunk_unit
+    chunk = unit if executor.workers <= 1 else max(unit, WORKER_CHUNK)
+    todo: deque = deque()           # (start, end) ranges left over by chunks that stopped early
+    nxt = 0
+    pending: list = []
+    last = start
 
-    def fails_same(candidate) -> bool:
-        f = outcome(candidate)
-        return f is not None and f.id == failure.id and f.side == failure.side
+    def more() -> bool:
+        if stop_on_first and drv.report.found:
+            return False
+        if seconds is not None and time.monotonic() - start >= seconds:
+            return False
+        return bool(todo) or rounds is None or nxt < rounds
 
-    name = f"{failure.id}-{failure.side}-seed{seed}-r{rnd - 1}.json"
-    meta = {"source": "fuzz", "seed": seed, "round": rnd - 1, "backend": bname,
-            **({"planted_fault": label} if label else {})}
-    # written before shrinking, so an interrupt during the shrink still leaves a trace
-    Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side),
-          {**meta, "shrunk": False}).save(Path(out_dir) / name)
-    small = shrink(ops, fails_same, budget_s=budget) if fails_same(ops) else ops
-    final = outcome(small) or failure
-    summary = str(final.violations[0]) if final.violations else \
-        f"{final.id} {final.name}" + (f": {final.details[0]}" if final.details else "")
-    trace = Trace(cfg, small, Expect("violation", final.id, final.step, final.side),
-                  {**meta, "summary": summary})
-    path = trace.save(Path(out_dir) / name)
-    return Found(final.id, final.side, final.step, path, len(small), len(ops), found_at, summary)
+    while True:
+        drv.ints.check()
+        while more() and len(pending) < 2 * executor.workers:
+            if todo:
+                a, b = todo.popleft()
+            else:
+                a, b = nxt, nxt + chunk if rounds is None else min(nxt + chunk, rounds)
+                nxt = b
+            pending.append(executor.submit(c, a, b - a, planted))
+            if executor.workers <= 1:
+                break
+        if not pending:
+            return
+        done, pending = executor.wait(pending)
+        for res in done:
+            stats.merge(res.stats)
+            if res.end < res.limit:
+                todo.append((res.end, res.limit))
+            if res.failure is not None:
+                drv.failure(res.failure)
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            el = now - start
+            drv.console.line(f"  [{el:6.1f}s] sequences {stats.sequences}, steps {stats.steps} "
+                             f"({stats.steps / el:.0f}/s), failures {len(drv.report.found)}"
+                             + (f", duplicates {drv.report.duplicates}" if drv.report.duplicates else ""))
+
+
+class _Driver:
+    """Deduplicates, writes, reports and shrinks each failure, in the driver process."""
+
+    def __init__(self, c, report, console, ints, out_dir, factory, bname, replays, label):
+        self.c, self.report, self.console, self.ints = c, report, console, ints
+        self.out_dir, self.factory, self.bname = out_dir, factory, bname
+        self.replays, self.label = replays, label
+        self.seen: set = set()
+        self.start = time.monotonic()
+
+    def failure(self, raw: RawFailure) -> None:
+        key = root_cause(raw.failure)
+        if key in self.seen:
+            self.report.duplicates += 1
+            return
+        self.seen.add(key)
+        f = raw.failure
+        name = f"{f.id}-{f.side}-seed{self.c.seed}-r{raw.index}.json"
+        meta = {"source": "fuzz", "engine": self.c.engine, "seed": self.c.seed,
+                "round": raw.index, "backend": self.bname,
+                **({"planted_fault": self.label} if self.label else {})}
+        with self.ints.deferred():
+            path = _write(raw.cfg, raw.ops, f, {**meta, "shrunk": False}, self.out_dir / name)
+            found = Found(f.id, f.side, f.step, path, len(raw.ops), len(raw.ops),
+                          time.monotonic() - self.start, _summary(f), raw.index)
+            self.report.found.append(found)
+        self.console.found(found)
+        self._shrink(raw, found, meta)
+
+    def _shrink(self, raw: RawFailure, found: Found, meta: dict) -> None:
+        failure, cfg = raw.failure, raw.cfg
+
+        def outcome(candidate):
+            self.ints.check()
+            backend = self.factory(cfg) if self.factory else None
+            try:
+                return run_ops(cfg, candidate, backend, backend_name=self.bname).failure
+            finally:
+                if backend is not None and hasattr(backend, "close"):
+                    backend.close()
+
+        def fails_same(candidate) -> bool:
+            f = outcome(candidate)
+            return f is not None and f.id == failure.id and f.side == failure.side
+
+        replays = [0]
+        with self.console.shrinking(found, self.replays) as progress:
+            def on_replay(n, length):
+                replays[0] = n
+                progress(n, length)
+            small = shrink(raw.ops, fails_same, max_replays=self.replays, on_replay=on_replay) \
+                if fails_same(raw.ops) else raw.ops
+        final = outcome(small) or failure
+        with self.ints.deferred():
+            _write(cfg, small, final, {**meta, "summary": _summary(final)}, found.path)
+            found.id, found.side, found.step = final.id, final.side, final.step
+            found.length, found.summary, found.shrunk = len(small), _summary(final), True
+            found.replays = replays[0] + 2
+            found.seconds_to_shrunk = time.monotonic() - self.start
+        self.console.shrunk(found)
+
+
+def _summary(f) -> str:
+    return str(f.violations[0]) if f.violations else \
+        f"{f.id} {f.name}" + (f": {f.details[0]}" if f.details else "")
+
+
+def _write(cfg, ops, failure, meta, path) -> Path:
+    path = Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side),
+                 meta).save(path)
+    on_trace_written(path)
+    return path

@@ -1,44 +1,81 @@
-"""`kvcheck fuzz` and `kvcheck selftest` as commands (the engine is kvcheck.fuzz)."""
+"""`kvcheck fuzz` and `kvcheck selftest` as commands (the campaign is kvcheck.fuzz)."""
 from __future__ import annotations
 
+import math
 import statistics
+import sys
 from pathlib import Path
 
 from kvcheck.errors import UsageError
 
+INTERRUPTED = 130
+
+
+def _budget(args, default_seconds: float) -> tuple:
+    """(rounds, seconds) from --rounds / --seconds; the seconds default applies only
+    when no count is given."""
+    rounds, seconds = getattr(args, "rounds", None), args.seconds
+    if rounds is not None and rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {rounds}")
+    if seconds is None:
+        seconds = None if rounds is not None else default_seconds
+    elif not math.isfinite(seconds) or seconds <= 0:
+        raise UsageError(f"--seconds must be a positive number, got {seconds}")
+    if getattr(args, "shrink_replays", 1) < 0:
+        raise UsageError(f"--shrink-replays must be >= 0, got {args.shrink_replays}")
+    if getattr(args, "workers", 1) < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    return rounds, seconds
+
 
 def cmd_fuzz(args) -> int:
     from kvcheck.fuzz import fuzz
-    if args.seconds <= 0:
-        raise UsageError("--seconds must be positive")
-    rep = fuzz(args.seconds, args.seed, args.backend, args.out)
-    print(rep.render())
+    rounds, seconds = _budget(args, 60.0)
+    rep = fuzz(seconds, args.seed, args.backend, args.out, rounds=rounds, engine=args.engine,
+               workers=args.workers, use_ray=args.ray is not None, ray_address=args.ray or None,
+               shrink_replays=args.shrink_replays)
+    print(rep.render(), flush=True)
+    if rep.interrupted:
+        return INTERRUPTED
     return 1 if rep.found else 0
 
 
 def cmd_selftest(args) -> int:
     from impl import faults
-    from kvcheck.fuzz import fuzz
+    from kvcheck.fuzz import Console, fuzz
+    rounds, seconds = _budget(args, 60.0)
     names = args.faults or sorted(faults.FAULTS)
     unknown = [n for n in names if n not in faults.FAULTS]
     if unknown:
         raise UsageError(f"unknown fault(s) {unknown}; known: {', '.join(sorted(faults.FAULTS))}")
     rows = []
     for name in names:
-        with faults.planted(name):
-            rep = fuzz(args.seconds, args.seed, "impl", Path(args.out) / name, stop_on_first=True,
-                       quiet=True, shrink_budget_s=args.shrink_seconds, label=name)
+        rep = fuzz(seconds, args.seed, "impl", Path(args.out) / name, rounds=rounds,
+                   engine=args.engine, stop_on_first=True, shrink_replays=args.shrink_replays,
+                   planted=(name,), workers=args.workers, console=Console(True, f"{name}: "))
         f = rep.found[0] if rep.found else None
         rows.append((name, f, rep))
-        status = (f"caught  {f.seconds_to_find:6.1f} s  {f.id:<3} on {f.side:<5} shrunk "
-                  f"{f.original_length:>3} -> {f.length:>3} ops" if f else
-                  f"MISSED  after {rep.seconds:.0f} s, {rep.steps} steps")
-        print(f"{name:<32} {status}", flush=True)
+        if f is None:
+            status = f"MISSED  after {rep.seconds:.0f} s, {rep.sequences} sequences, {rep.steps} steps"
+        else:
+            status = (f"caught  {f.seconds_to_find:6.2f} s  {f.id:<3} on {f.side:<5} "
+                      + (f"shrunk {f.original_length:>3} -> {f.length:>3} ops" if f.shrunk
+                         else f"UNSHRUNK {f.original_length} ops"))
+        print(f"{name:<32} {status}" + (" (INTERRUPTED)" if rep.interrupted else ""), flush=True)
+        if rep.interrupted:
+            break
     caught = [f for _, f, _ in rows if f]
-    print(f"\ncaught {len(caught)}/{len(rows)} planted faults (seed {args.seed})")
+    interrupted = any(r.interrupted for _, _, r in rows)
+    print(f"\ncaught {len(caught)}/{len(rows)} planted faults (seed {args.seed}, engine "
+          f"{args.engine})" + (f"; INTERRUPTED after {len(rows)} of {len(names)}" if interrupted else ""))
     if caught:
         t = [f.seconds_to_find for f in caught]
         n = [f.length for f in caught]
-        print(f"seconds to detection: median {statistics.median(t):.1f}, worst {max(t):.1f}; "
-              f"shrunk trace length: median {statistics.median(n):g}, worst {max(n)}")
+        print(f"seconds to first report: median {statistics.median(t):.2f}, worst {max(t):.2f}; "
+              f"trace length: median {statistics.median(n):g}, worst {max(n)}")
+        print("traces written: " + ", ".join(f"{f.path}{'' if f.shrunk else ' (unshrunk)'}"
+                                             for f in caught))
+    sys.stdout.flush()
+    if interrupted:
+        return INTERRUPTED
     return 0 if len(caught) == len(rows) else 1

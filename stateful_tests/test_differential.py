@@ -11,8 +11,7 @@ from impl import faults
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
 from spec.ops import OP_NAMES
-from stateful_tests import machine as M
-from stateful_tests import profiles  # noqa: F401
+from kvcheck.engines import hypothesis_machine as M
 
 HERE = Path(__file__).parent
 DiffMachine = M.make_machine(ImplBackend, "impl")
@@ -24,12 +23,12 @@ def test_differential_reaches_every_operation():
     """Each operation is applied (enabled and run on both sides), with speculative
     decoding on and off."""
     from hypothesis.stateful import run_state_machine_as_test
-    M.COVERAGE.clear()
+    M.STATS.clear()
     for spec_on in (False, True):
         machine = M.make_machine(ImplBackend, "impl", M.configs(spec_enabled=spec_on))
         run_state_machine_as_test(machine, settings=settings(settings.get_profile("kvcheck-check"),
                                                              max_examples=50))
-    missing = [n for n in OP_NAMES if M.COVERAGE[n] == 0]
+    missing = [n for n in OP_NAMES if M.STATS.coverage[n] == 0]
     assert not missing, f"never applied: {missing}"
 
 

@@ -1,4 +1,4 @@
-"""Hypothesis settings profiles.
+"""Hypothesis settings profiles (registered on import of the Hypothesis engine).
 
 `CI=true` makes Hypothesis load its derandomised, database-less `ci` profile; the
 checks here register their own profiles so a run's budget and seed are explicit:

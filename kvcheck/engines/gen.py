@@ -1,0 +1,259 @@
+"""What both fuzz engines draw, defined once: configurations, lengths biased to page
+boundaries and full pools, prompts built from shared prefixes, and each operation's
+arguments (one entry per operation name in `ARGS`).
+
+Every draw goes through a `Drawer`: `RandomDrawer` (a seeded `random.Random`, used by
+the walk engine) or `HypothesisDrawer` (Hypothesis's `draw`, used by the state machine,
+so Hypothesis still sees and can shrink each choice). The tables and the bias logic
+live only here.
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol, Sequence
+
+from spec import ops as O
+from spec.config import Config
+
+PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
+"""Prompts start with a cut of one of these, so radix matches and splits happen."""
+TOKEN_RANGE = (1, 4)
+MAX_LIVE_REQS = 6
+MAX_SESSIONS = 2
+ERA_WEIGHTS = ("wrapper", "wrapper", "wrapper", "borrow")
+
+
+class Drawer(Protocol):
+    def integer(self, lo: int, hi: int, label: str = "") -> int: ...
+    def choice(self, seq: Sequence, label: str = ""): ...
+
+
+class RandomDrawer:
+    """Draws from a seeded `random.Random` (the walk engine)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int, label: str = "") -> int:
+        return self.rng.randint(lo, hi)
+
+    def choice(self, seq: Sequence, label: str = ""):
+        return seq[self.rng.randrange(len(seq))]
+
+
+class HypothesisDrawer:
+    """Draws through Hypothesis: `st.data()`'s draw (labelled) or a composite's draw."""
+
+    def __init__(self, draw: Callable, labelled: bool = True) -> None:
+        self.draw, self.labelled = draw, labelled
+
+    def integer(self, lo: int, hi: int, label: str = "") -> int:
+        from hypothesis import strategies as st
+        return self._draw(st.integers(lo, hi), label)
+
+    def choice(self, seq: Sequence, label: str = ""):
+        from hypothesis import strategies as st
+        return self._draw(st.sampled_from(tuple(seq)), label)
+
+    def _draw(self, strategy, label):
+        return self.draw(strategy, label=label) if self.labelled and label else self.draw(strategy)
+
+
+def boolean(d: Drawer, label: str = "") -> bool:
+    return d.integer(0, 1, label) == 1
+
+
+def one_in(d: Drawer, n: int, label: str = "go") -> bool:
+    return d.integer(0, n - 1, label) == 0
+
+
+# -- configurations --------------------------------------------------------------------
+
+def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
+                era: Optional[str] = None) -> Config:
+    """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era."""
+    P = d.choice(page_sizes, "page_size")
+    if spec_enabled is None:
+        spec_enabled = boolean(d, "spec_enabled")
+    return Config(
+        page_size=P,
+        num_pages=d.integer(4, 40 // P + 4, "num_pages"),
+        num_rows=d.integer(2, 4, "num_rows"),
+        max_context_len=64,
+        chunk_size=d.choice([None, None, P, 2 * P, 3 * P], "chunk_size"),
+        spec_enabled=spec_enabled,
+        max_drafts=3,
+        overlap=boolean(d, "overlap"),
+        era=era or d.choice(ERA_WEIGHTS, "era"),
+    )
+
+
+# -- lengths and prompts -----------------------------------------------------------------
+
+def boundary_lengths(P: int, lo: int, hi: int) -> list:
+    """k*P - 1, k*P, k*P + 1 within [lo, hi]."""
+    return sorted({x for k in range(1, hi // P + 2) for x in (k * P - 1, k * P, k * P + 1)
+                   if lo <= x <= hi})
+
+
+def draw_length(d: Drawer, P: int, lo: int, hi: int, label: str = "length") -> int:
+    """A length in [lo, hi], half the time on either side of a page boundary."""
+    near = boundary_lengths(P, lo, hi)
+    if near and boolean(d, label + "_near_page"):
+        return d.choice(near, label)
+    return d.integer(lo, hi, label)
+
+
+def draw_prompt(d: Drawer, P: int, lo: int = 1, hi: int = 14, label: str = "tokens") -> tuple:
+    """A cut of a shared prefix, then random tokens, of a page-biased length."""
+    n = draw_length(d, P, lo, hi, label + "_len")
+    base = d.choice(PREFIXES + ((),), label + "_prefix")
+    cut = d.integer(0, min(n, len(base)), label + "_cut")
+    rest = tuple(d.integer(*TOKEN_RANGE, label + "_tok") for _ in range(n - cut))
+    return tuple(base[:cut]) + rest
+
+
+def draw_evict(d: Drawer, P: int, evictable: int) -> int:
+    """Evict a page-biased amount, or exactly everything evictable (a full sweep)."""
+    if evictable > 0 and one_in(d, 4, "evict_all"):
+        return evictable
+    return draw_length(d, P, 1, 16, "num_tokens")
+
+
+# -- each operation's arguments ----------------------------------------------------------
+
+@dataclass
+class Ctx:
+    """What an argument draw may read: the spec state (live objects) and a fresh-id source."""
+    state: object
+    fresh: Callable[[], int]
+
+    @property
+    def cfg(self) -> Config:
+        return self.state.cfg
+
+    def rids(self, *phases) -> list:
+        return sorted(r.rid for r in self.state.reqs.values() if r.phase in phases)
+
+    def room(self) -> bool:
+        return len(self.state.reqs) < MAX_LIVE_REQS
+
+
+def _pick(phases):
+    def pick(c: Ctx, d: Drawer):
+        rids = c.rids(*phases)
+        return d.choice(rids, "rid") if rids else None
+    return pick
+
+
+def _open_session(c: Ctx, d: Drawer):
+    return O.OpenSession(c.fresh()) if len(c.state.sessions) < MAX_SESSIONS else None
+
+
+def _submit_turn(c: Ctx, d: Drawer):
+    s = c.state
+    if not s.sessions or not c.room():
+        return None
+    idle = sorted(x for x, v in s.sessions.items() if v.inflight_rid is None)
+    # mostly a session that can take a turn; sometimes one in flight (create_req rejects it)
+    pool = idle if idle and d.integer(0, 3, "idle") else sorted(s.sessions)
+    sid = d.choice(pool, "sid")
+    P = c.cfg.page_size
+    new = draw_prompt(d, P, 1, 10, "new_tokens")
+    return O.SubmitTurn(sid, c.fresh(), new, draw_length(d, P, 1, 10, "max_new_tokens"))
+
+
+def _submit_request(c: Ctx, d: Drawer):
+    if not c.room():
+        return None
+    P = c.cfg.page_size
+    return O.SubmitRequest(c.fresh(), draw_prompt(d, P, 1, 16, "tokens"),
+                           draw_length(d, P, 1, 10, "max_new_tokens"))
+
+
+def _rid_op(cls, *phases):
+    pick = _pick(phases)
+
+    def make(c: Ctx, d: Drawer):
+        rid = pick(c, d)
+        return None if rid is None else cls(rid)
+    return make
+
+
+def _schedule(c: Ctx, d: Drawer):
+    rid = _pick(("queued",))(c, d)
+    return None if rid is None else O.Schedule(rid, d.choice((True, True, True, False), "admit"))
+
+
+def _decode(c: Ctx, d: Drawer):
+    rid = _pick(("decode",))(c, d)
+    if rid is None or c.cfg.spec_enabled:
+        return None
+    return O.Decode(rid, d.integer(*TOKEN_RANGE, "token"))
+
+
+def _spec_decode(c: Ctx, d: Drawer):
+    rid = _pick(("decode",))(c, d)
+    if rid is None or not c.cfg.spec_enabled:
+        return None
+    drafts = d.integer(1, c.cfg.max_drafts, "drafts")
+    return O.SpecDecode(rid, drafts, d.integer(0, drafts, "accepted"),
+                        d.integer(*TOKEN_RANGE, "token"))
+
+
+def _close_session(c: Ctx, d: Drawer):
+    sids = sorted(c.state.sessions)
+    return O.CloseSession(d.choice(sids, "sid")) if sids else None
+
+
+def _evict(c: Ctx, d: Drawer):
+    ev = c.state.evictable_size
+    return O.Evict(draw_evict(d, c.cfg.page_size, ev)) if ev > 0 else None
+
+
+ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
+    "open_session": _open_session,
+    "submit_turn": _submit_turn,
+    "submit_request": _submit_request,
+    "schedule": _schedule,
+    "prefill_chunk": _rid_op(O.PrefillChunk, "prefill"),
+    "decode": _decode,
+    "spec_decode": _spec_decode,
+    "finish": _rid_op(O.Finish, "decode"),
+    "abort_queued": _rid_op(O.AbortQueued, "queued"),
+    "pre_abort": _rid_op(O.PreAbort, "queued"),
+    "abort_running": _rid_op(O.AbortRunning, "prefill", "decode"),
+    "retract": _rid_op(O.Retract, "decode"),
+    "close_session": _close_session,
+    "evict": _evict,
+}
+"""op name -> draw(ctx, drawer) -> an op with its arguments, or None when the state has
+no object to act on. A new operation in spec.ops needs one entry here."""
+
+
+# -- what a run counts -------------------------------------------------------------------
+
+@dataclass
+class Stats:
+    """Per-operation counts of applied steps (enabled and run on both sides)."""
+    coverage: Counter = field(default_factory=Counter)
+    outcomes: Counter = field(default_factory=Counter)
+    steps: int = 0
+    sequences: int = 0
+
+    def record(self, op: O.Op, outcome: str) -> None:
+        self.coverage[op.name] += 1
+        self.outcomes[f"{op.name}:{outcome}"] += 1
+        self.steps += 1
+
+    def merge(self, other: "Stats") -> None:
+        self.coverage.update(other.coverage)
+        self.outcomes.update(other.outcomes)
+        self.steps += other.steps
+        self.sequences += other.sequences
+
+    def clear(self) -> None:
+        self.coverage.clear(), self.outcomes.clear()
+        self.steps = self.sequences = 0

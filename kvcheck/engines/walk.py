@@ -1,0 +1,115 @@
+"""The walk engine: a seeded random walk over the operations the spec enables, driving
+`kvcheck.checker.Lockstep` directly (no framework between the draw and the step).
+
+Swarm testing: each sequence draws its own configuration (`gen.draw_config`), its own
+length, and its own subset and weighting of the operations (`draw_swarm`), so a
+sequence that never aborts, or one that mostly retracts, is as likely as an average one.
+Arguments come from the shared per-operation table `gen.ARGS` (page-boundary lengths,
+shared-prefix prompts, full sweeps), the same one the Hypothesis machine draws from.
+Sequence `index` of campaign `seed` is a pure function of (seed, index): any worker on
+any machine replays it exactly.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from itertools import accumulate
+from typing import Callable, Optional
+
+from kvcheck.checker import Failure, Lockstep
+from kvcheck.engines.gen import ARGS, Ctx, Drawer, RandomDrawer, Stats, draw_config, one_in
+from spec.config import Config
+from spec.model import enabled
+
+BASE_WEIGHTS: dict[str, float] = {
+    "open_session": 1.0, "submit_turn": 4.0, "submit_request": 1.5, "schedule": 4.0,
+    "prefill_chunk": 4.0, "decode": 6.0, "spec_decode": 6.0, "finish": 2.0,
+    "abort_queued": 0.7, "pre_abort": 0.7, "abort_running": 1.0, "retract": 1.5,
+    "close_session": 0.7, "evict": 1.0,
+}
+"""How often each operation is tried before swarm scaling; an operation missing here
+(a new one in spec.ops) gets DEFAULT_WEIGHT."""
+DEFAULT_WEIGHT = 1.0
+CORE = frozenset({"open_session", "submit_turn", "schedule", "prefill_chunk", "decode",
+                  "spec_decode", "finish"})
+"""Never left out by the swarm: without them a sequence cannot get anywhere."""
+SWARM_FACTORS = (0.25, 0.5, 1.0, 1.0, 2.0, 4.0)
+LENGTHS = (8, 16, 32, 48, 64, 96)
+TRIES_PER_STEP = 8
+
+
+@dataclass
+class Sequence:
+    """One walk: its configuration, the operations applied, and the failure if any."""
+    index: int
+    cfg: Config
+    ops: list = field(default_factory=list)
+    failure: Optional[Failure] = None
+
+
+def sequence_rng(seed: int, index: int) -> random.Random:
+    """The random source of one sequence: a pure function of (campaign seed, index)."""
+    return random.Random(f"kvcheck-walk:{seed}:{index}")
+
+
+def draw_swarm(d: Drawer, names) -> dict:
+    """Op name -> weight for one sequence: each non-core op left out one time in four,
+    every weight scaled by a random factor."""
+    weights = {}
+    for n in names:
+        if n not in CORE and one_in(d, 4, f"omit_{n}"):
+            continue
+        weights[n] = BASE_WEIGHTS.get(n, DEFAULT_WEIGHT) * d.choice(SWARM_FACTORS, f"w_{n}")
+    return weights
+
+
+def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
+         stats: Stats, *, config_kw: Optional[dict] = None,
+         skip: Optional[Callable] = None) -> Sequence:
+    """Run sequence `index` of campaign `seed` until its length or its first failure."""
+    d = RandomDrawer(sequence_rng(seed, index))
+    cfg = draw_config(d, **(config_kw or {}))
+    length = d.choice(LENGTHS, "length")
+    weights = draw_swarm(d, ARGS)
+    names = list(weights)
+    cum = list(accumulate(weights[n] for n in names))
+    rng = d.rng
+    next_id = [1]
+
+    def fresh() -> int:
+        next_id[0] += 1
+        return next_id[0]
+
+    backend = factory(cfg) if factory is not None else None
+    seq = Sequence(index, cfg)
+    stats.sequences += 1
+    try:
+        lock = Lockstep(cfg, backend, backend_name)
+        for _ in range(length):
+            op = _draw_enabled(lock.state, names, cum, rng, d, fresh, skip)
+            if op is None:
+                continue
+            seq.ops.append(op)
+            rec, fail = lock.apply(op)
+            if fail is not None:
+                seq.failure = fail
+                return seq
+            stats.record(op, rec.outcome)
+    finally:
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
+    return seq
+
+
+def _draw_enabled(state, names, cum, rng, d, fresh, skip):
+    """An operation the spec enables here (and no recorded finding triggers), or None."""
+    ctx = Ctx(state, fresh)
+    for _ in range(TRIES_PER_STEP):
+        name = rng.choices(names, cum_weights=cum)[0]
+        op = ARGS[name](ctx, d)
+        if op is None or not enabled(state, op):
+            continue
+        if skip is not None and skip(state, op):
+            continue
+        return op
+    return None
