@@ -64,6 +64,7 @@ class Found:
     shrunk: bool = False
     seconds_to_shrunk: Optional[float] = None
     replays: int = 0
+    seconds_generated: float = 0.0  # campaign start -> the failing sequence reached the driver
 
 
 @dataclass
@@ -215,34 +216,26 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
          spec_enabled: Optional[bool] = None, console: Optional[Console] = None) -> FuzzReport:
     """Run a campaign within `rounds` sequences and/or `seconds` (at least one)."""
     from impl import faults
-    from kvcheck.backends import known_findings, resolve
+    from kvcheck.backends import resolve
     if rounds is None and seconds is None:
         raise ValueError("fuzz needs a budget: rounds or seconds")
     factory, bname = resolve(backend)       # a bad backend is a usage error before any work
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     console = console or Console(quiet)
-    budget = " and ".join(x for x in (f"{rounds} sequences" if rounds is not None else "",
-                                      f"{seconds:g} s" if seconds is not None else "") if x)
-    console.line(f"kvcheck fuzz: backend {bname}, engine {engine}, seed {seed} (rerun with "
-                 f"--seed {seed}), {budget}"
-                 + (f", {workers} workers" if workers > 1 else "") + (" on Ray" if use_ray else ""))
-    if known_findings(backend) is not None:
-        console.line("  leaving out operations that trigger the findings recorded for "
-                     f"{bname} (docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)")
     c = Campaign(engine, seed, backend, spec_enabled)
     report = FuzzReport(seed=seed, backend=bname, engine=engine)
     stats = Stats()
     ints = Interrupts()
-    drv = _Driver(c, report, console, ints, Path(out_dir), factory, bname, shrink_replays,
-                  label or ",".join(planted))
     start = time.monotonic()
+    drv = _Driver(c, report, console, ints, Path(out_dir), factory, bname, shrink_replays,
+                  label or ",".join(planted), start)
     executor = None
     with ints.installed(), faults.planted(*planted):
         try:
             executor = make_executor(workers, ray_address, use_ray)
+            _header(console, c, bname, rounds, seconds, workers, use_ray)
             report.workers = executor.workers
-            drv.start = start
             _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, tuple(planted), start)
         except KeyboardInterrupt:
             report.interrupted = True
@@ -253,6 +246,18 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.sequences, report.steps = stats.sequences, stats.steps
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     return report
+
+
+def _header(console, c, bname, rounds, seconds, workers, use_ray) -> None:
+    from kvcheck.backends import known_findings
+    budget = " and ".join(x for x in (f"{rounds} sequences" if rounds is not None else "",
+                                      f"{seconds:g} s" if seconds is not None else "") if x)
+    console.line(f"kvcheck fuzz: backend {bname}, engine {c.engine}, seed {c.seed} (rerun with "
+                 f"--seed {c.seed}), {budget}"
+                 + (f", {workers} workers" if workers > 1 else "") + (" on Ray" if use_ray else ""))
+    if known_findings(c.backend) is not None:
+        console.line("  leaving out operations that trigger the findings recorded for "
+                     f"{bname} (docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)")
 
 
 def _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, planted, start) -> None:
@@ -302,14 +307,15 @@ def _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, planted, star
 class _Driver:
     """Deduplicates, writes, reports and shrinks each failure, in the driver process."""
 
-    def __init__(self, c, report, console, ints, out_dir, factory, bname, replays, label):
+    def __init__(self, c, report, console, ints, out_dir, factory, bname, replays, label, start):
         self.c, self.report, self.console, self.ints = c, report, console, ints
         self.out_dir, self.factory, self.bname = out_dir, factory, bname
         self.replays, self.label = replays, label
         self.seen: set = set()
-        self.start = time.monotonic()
+        self.start = start
 
     def failure(self, raw: RawFailure) -> None:
+        generated = time.monotonic() - self.start
         key = root_cause(raw.failure)
         if key in self.seen:
             self.report.duplicates += 1
@@ -323,7 +329,8 @@ class _Driver:
         with self.ints.deferred():
             path = _write(raw.cfg, raw.ops, f, {**meta, "shrunk": False}, self.out_dir / name)
             found = Found(f.id, f.side, f.step, path, len(raw.ops), len(raw.ops),
-                          time.monotonic() - self.start, _summary(f), raw.index)
+                          time.monotonic() - self.start, _summary(f), raw.index,
+                          seconds_generated=generated)
             self.report.found.append(found)
         self.console.found(found)
         self._shrink(raw, found, meta)

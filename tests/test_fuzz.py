@@ -1,0 +1,168 @@
+"""Fuzz campaigns: count budget and byte-identical failure files, the first report
+before shrinking, the shrink budget in replays, root-cause deduplication, and SIGINT
+at any moment (exit 130, every written trace listed, unshrunk ones marked)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcheck.fuzz import Interrupts, fuzz, root_cause
+from kvcheck.shrink import shrink
+from kvcheck.trace import load
+from spec import ops as O
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULT = "free_no_page_dedup"
+
+# The command line with a planted fault switched on (and, for the interrupt test, each
+# shrink replay slowed down so that an interrupt lands inside the shrink).
+RUNNER = """
+import sys, time
+from impl import faults
+faults.ACTIVE.add({fault!r})
+if {slow!r}:
+    import kvcheck.fuzz as F
+    real = F.run_ops
+    def slow(*a, **k):
+        time.sleep({slow!r})
+        return real(*a, **k)
+    F.run_ops = slow
+from kvcheck import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def cli_cmd(*args, fault=FAULT, slow=0.0):
+    return [sys.executable, "-c", RUNNER.format(fault=fault, slow=slow), *args]
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+
+def test_same_seed_and_rounds_give_byte_identical_failure_files(tmp_path):
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"run{k}"
+        p = subprocess.run(cli_cmd("fuzz", "--seed", "5", "--rounds", "12", "--out", str(out)),
+                           capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+        assert p.returncode == 1, p.stdout + p.stderr
+        outs.append({f.name: f.read_bytes() for f in sorted(out.iterdir())})
+    assert outs[0] and outs[0] == outs[1]
+    for data in outs[0].values():
+        assert b"seconds" not in data and b'"shrunk": false' not in data
+
+
+def test_first_report_names_the_unshrunk_trace_before_shrinking(tmp_path, capsys):
+    from impl import faults
+    with faults.planted(FAULT):
+        rep = fuzz(None, 5, out_dir=tmp_path, rounds=12, stop_on_first=True)
+    err = capsys.readouterr().err
+    f = rep.found[0]
+    first, shrunk = err.index("FOUND " + f.id), err.index("shrunk ")
+    assert first < err.index("unshrunk trace") < shrunk
+    assert str(f.path) in err and f.shrunk and f.length <= f.original_length
+    assert f.seconds_generated <= f.seconds_to_find <= f.seconds_to_shrunk
+    assert load(f.path).expect.invariant == f.id
+
+
+def test_count_budget_runs_exactly_that_many_sequences(tmp_path):
+    rep = fuzz(None, 3, "spec", tmp_path, rounds=7, quiet=True)
+    assert rep.sequences == 7 and not rep.found and not rep.interrupted
+
+
+def test_shrink_budget_is_counted_in_replays():
+    ops = [O.OpenSession(i) for i in range(1, 30)]
+    calls = []
+
+    def fails(c):
+        calls.append(1)
+        return O.OpenSession(7) in c
+
+    out = shrink(ops, fails, max_replays=5)
+    assert len(calls) == 5 and O.OpenSession(7) in out
+    calls.clear()
+    assert shrink(ops, fails, max_replays=1000) == [O.OpenSession(7)]
+
+
+def test_root_cause_names_id_side_operation_and_owner_kind():
+    from kvcheck.checker import Failure
+    from spec.violations import Violation
+    v = Violation("I2", "page exclusivity", "page 3 twice", "req 12", 3)
+    a = Failure(4, O.Finish(12), "I2", "impl", [v])
+    b = Failure(9, O.Finish(30), "I2", "impl", [Violation("I2", "x", "y", "req 30", 5)])
+    c = Failure(9, O.Retract(30), "I2", "impl", [v])
+    assert root_cause(a) == root_cause(b) == ("I2", "impl", "finish", "req")
+    assert root_cause(c) != root_cause(a)
+
+
+def test_interrupt_inside_a_write_is_taken_after_it():
+    ints = Interrupts()
+    done = []
+    with ints.installed(), pytest.raises(KeyboardInterrupt):
+        with ints.deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            done.append("written")
+    assert done == ["written"]
+
+
+def test_a_swallowed_interrupt_still_stops_the_campaign():
+    ints = Interrupts()
+    try:
+        ints.handler(signal.SIGINT, None)       # e.g. raised inside a gc callback and lost
+    except KeyboardInterrupt:
+        pass
+    with pytest.raises(KeyboardInterrupt):
+        ints.check()
+
+
+def _interrupt_when(tmp_path, marker, *, fault=FAULT, slow=0.0, extra=()):
+    """Start a fuzz run, send SIGINT once `marker` appears on stderr (None: after 2 s)."""
+    p = subprocess.Popen(cli_cmd("fuzz", "--seed", "5", "--seconds", "120", "--out", str(tmp_path),
+                                 *extra, fault=fault, slow=slow),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env())
+    err = []
+    deadline = time.monotonic() + 120
+    if marker is None:
+        time.sleep(2.0)
+    else:
+        for line in p.stderr:
+            err.append(line)
+            if marker in line or time.monotonic() > deadline:
+                break
+    p.send_signal(signal.SIGINT)
+    out, rest = p.communicate(timeout=120)
+    return p.returncode, out, "".join(err) + rest
+
+
+def test_sigint_while_generating_exits_130_without_a_finding(tmp_path):
+    rc, out, err = _interrupt_when(tmp_path, "kvcheck fuzz:", fault="close_not_deferred", slow=0.0,
+                                   extra=("--backend", "spec"))
+    assert rc == 130, out + err
+    assert "INTERRUPTED" in out and "no failure found before the interrupt" in out
+    assert "Traceback" not in err
+
+
+def test_sigint_while_shrinking_lists_the_unshrunk_trace(tmp_path):
+    rc, out, err = _interrupt_when(tmp_path, "unshrunk trace", slow=0.2)
+    assert rc == 130, out + err
+    assert "no failure found" not in out and "UNSHRUNK" in out
+    written = list(tmp_path.glob("*.json"))
+    assert len(written) == 1 and f"{written[0]} (unshrunk)" in out
+    assert load(written[0]).meta["shrunk"] is False
+    assert "Traceback" not in err
+
+
+def test_sigint_after_a_shrunk_failure_lists_it(tmp_path):
+    rc, out, err = _interrupt_when(tmp_path, "  shrunk ")
+    assert rc == 130, out + err
+    written = list(tmp_path.glob("*.json"))
+    assert written and all(str(w) in out for w in written)
+    assert "no failure found" not in out and "Traceback" not in err
