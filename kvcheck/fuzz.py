@@ -293,7 +293,7 @@ def _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, planted, star
             stats.merge(res.stats)
             if res.end < res.limit:
                 todo.append((res.end, res.limit))
-            if res.failure is not None:
+            if res.failure is not None and not (stop_on_first and drv.report.found):
                 drv.failure(res.failure)
         now = time.monotonic()
         if now - last >= PROGRESS_EVERY_S:

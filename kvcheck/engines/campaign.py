@@ -157,9 +157,12 @@ class ProcessExecutor:
         return [f.result() for f in done], list(rest)
 
     def shutdown(self):
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
         self.pool.shutdown(wait=False, cancel_futures=True)
-        for p in list(getattr(self.pool, "_processes", {}).values()):
+        for p in procs:             # a running chunk is not waited for
             p.terminate()
+        for p in procs:
+            p.join(5)
 
 
 class RayExecutor:
