@@ -8,6 +8,9 @@ SECONDS ?= 60
 SGLANG_VERSIONS ?= 0.5.15 0.5.23
 CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
+ROUNDS ?=
+WORKERS ?=
+EXTRAS ?= ray
 TRACE ?=
 
 .PHONY: venv check test fuzz replay explore prove selftest bench sglang-env check-sglang clean
@@ -18,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 check: $(STAMP)
@@ -28,7 +31,7 @@ test: $(STAMP)
 	$(PY) -m pytest
 
 fuzz: $(STAMP)
-	$(VENV)/bin/kvcheck fuzz --seconds $(SECONDS) $(if $(SEED),--seed $(SEED))
+	$(VENV)/bin/kvcheck fuzz $(if $(ROUNDS),--rounds $(ROUNDS),--seconds $(SECONDS)) $(if $(SEED),--seed $(SEED)) $(if $(WORKERS),--workers $(WORKERS))
 
 replay: $(STAMP)
 	@test -n "$(TRACE)" || (echo "usage: make replay TRACE=path/to/trace.json" >&2; exit 2)
@@ -47,6 +50,8 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_impl
 	$(PY) -m benchmarks.bench_diff
 	$(PY) -m benchmarks.bench_explore
+	$(PY) -m benchmarks.bench_detect
+	$(PY) -m benchmarks.bench_scale
 
 # Real upstream releases, each in its own venv (.venv-sglang-VERSION), built from PyPI.
 sglang-env:

@@ -31,9 +31,8 @@ def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
 
     def emit(rs):
         results.extend(rs)
-        if verbose:
-            for r in rs:
-                print(_line(r), file=sys.stderr, flush=True)
+        for r in rs:            # each result as it completes (verbose: with its detail)
+            print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
 
     for lem in LEMMAS:
         emit(run_lemma(lem))

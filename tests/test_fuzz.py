@@ -25,7 +25,8 @@ FAULT = "free_no_page_dedup"
 RUNNER = """
 import sys, time
 from impl import faults
-faults.ACTIVE.add({fault!r})
+if {fault!r}:
+    faults.ACTIVE.add({fault!r})
 if {slow!r}:
     import kvcheck.fuzz as F
     real = F.run_ops
@@ -166,3 +167,27 @@ def test_sigint_after_a_shrunk_failure_lists_it(tmp_path):
     written = list(tmp_path.glob("*.json"))
     assert written and all(str(w) in out for w in written)
     assert "no failure found" not in out and "Traceback" not in err
+
+
+def test_selftest_reports_each_fault_as_found_and_counts_rounds(tmp_path):
+    p = subprocess.run(cli_cmd("selftest", "free_no_page_dedup", "save_keeps_row", "--rounds", "40",
+                               "--out", str(tmp_path), fault=None),
+                       capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "caught 2/2" in p.stdout and "free_no_page_dedup: FOUND" in p.stderr
+    assert len(list(tmp_path.glob("*/*.json"))) == 2
+
+
+def test_selftest_interrupted_while_shrinking_exits_130_and_lists_the_trace(tmp_path):
+    p = subprocess.Popen(cli_cmd("selftest", "free_no_page_dedup", "save_keeps_row", "--rounds", "40",
+                                 "--out", str(tmp_path), fault=None, slow=0.2),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env())
+    for line in p.stderr:
+        if "unshrunk trace" in line:
+            break
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, out + err
+    written = list(tmp_path.glob("*/*.json"))
+    assert len(written) == 1 and f"{written[0]} (unshrunk)" in out and "INTERRUPTED" in out
+    assert "Traceback" not in err
