@@ -46,10 +46,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100, help="sequences per campaign (check's default)")
     ap.add_argument("--seeds", type=int, default=1)
-    ap.add_argument("--engines", nargs="*", default=list(ENGINES), choices=ENGINES)
+    ap.add_argument("--engines", type=lambda v: v.split(","), default=list(ENGINES),
+                    help=f"comma-separated, of {', '.join(ENGINES)} (default: both)")
     ap.add_argument("faults", nargs="*", help="planted faults (default: all)")
     args = ap.parse_args(argv)
     names = args.faults or sorted(faults.FAULTS)
+    bad = [e for e in args.engines if e not in ENGINES]
+    if bad:
+        ap.error(f"--engines: unknown {bad}; known: {', '.join(ENGINES)}")
     cols = [f"{e} {k}" for e in args.engines for k in ("gen", "report", "shrunk")]
     print(f"{'planted fault':<32}" + "".join(f"{c:>18}" for c in cols), flush=True)
     table: dict = {e: [] for e in args.engines}

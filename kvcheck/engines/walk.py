@@ -34,7 +34,7 @@ CORE = frozenset({"open_session", "submit_turn", "schedule", "prefill_chunk", "d
                   "spec_decode", "finish"})
 """Never left out by the swarm: without them a sequence cannot get anywhere."""
 SWARM_FACTORS = (0.25, 0.5, 1.0, 1.0, 2.0, 4.0)
-LENGTHS = (8, 16, 32, 48, 64, 96)
+LENGTHS = (16, 32, 48, 64, 96, 128)
 TRIES_PER_STEP = 8
 
 
