@@ -36,6 +36,19 @@ def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None):
     return draw_config(HypothesisDrawer(draw, labelled=False), page_sizes, spec_enabled, era)
 
 
+def _op_rule(name: str, guard, one_in: int = 1):
+    """The rule for operation `name`: when `guard` holds, go ahead one time in `one_in`
+    (Hypothesis cannot weight rules: the ops that end or reset things are made rare so
+    sequences get deep), then draw the arguments from the shared table and apply."""
+    @precondition(guard)
+    @rule(data=st.data())
+    def op_rule(self, data):
+        if one_in == 1 or self.rare(data, one_in):
+            self.draw_and_apply(name, data)
+    op_rule.__name__ = name
+    return op_rule
+
+
 class KVMachine(RuleBasedStateMachine):
     backend_factory = None      # set by make_machine
     backend_name = "impl"
@@ -123,12 +136,6 @@ class KVMachine(RuleBasedStateMachine):
         if not self.s.sessions:
             self.draw_and_apply("open_session", data)
 
-    @precondition(lambda self: self.s is not None and len(self.s.sessions) < MAX_SESSIONS)
-    @rule(data=st.data())
-    def open_session(self, data):
-        if self.rare(data, 6):
-            self.draw_and_apply("open_session", data)
-
     @precondition(lambda self: self.s is not None and self.s.sessions and len(self.s.reqs) < MAX_LIVE_REQS)
     @rule(data=st.data())
     def submit_turn(self, data):
@@ -136,71 +143,23 @@ class KVMachine(RuleBasedStateMachine):
         if idle or self.rare(data, 4):
             self.draw_and_apply("submit_turn", data)
 
-    @precondition(lambda self: self.s is not None and len(self.s.reqs) < MAX_LIVE_REQS)
-    @rule(data=st.data())
-    def submit_request(self, data):
-        if self.rare(data, 5):
-            self.draw_and_apply("submit_request", data)
-
-    @precondition(lambda self: self.has("queued"))
-    @rule(data=st.data())
-    def schedule(self, data):
-        self.draw_and_apply("schedule", data)
-
-    @precondition(lambda self: self.has("prefill"))
-    @rule(data=st.data())
-    def prefill_chunk(self, data):
-        self.draw_and_apply("prefill_chunk", data)
-
-    @precondition(lambda self: self.has("decode") and not self.cfg.spec_enabled)
-    @rule(data=st.data())
-    def decode(self, data):
-        self.draw_and_apply("decode", data)
-
-    @precondition(lambda self: self.has("decode") and self.cfg.spec_enabled)
-    @rule(data=st.data())
-    def spec_decode(self, data):
-        self.draw_and_apply("spec_decode", data)
-
-    @precondition(lambda self: self.has("decode"))
-    @rule(data=st.data())
-    def finish(self, data):
-        self.draw_and_apply("finish", data)
-
-    @precondition(lambda self: self.has("queued"))
-    @rule(data=st.data())
-    def abort_queued(self, data):
-        if self.rare(data, 5):
-            self.draw_and_apply("abort_queued", data)
-
-    @precondition(lambda self: self.has("queued"))
-    @rule(data=st.data())
-    def pre_abort(self, data):
-        if self.rare(data, 5):
-            self.draw_and_apply("pre_abort", data)
-
-    @precondition(lambda self: self.has("prefill", "decode"))
-    @rule(data=st.data())
-    def abort_running(self, data):
-        if self.rare(data):
-            self.draw_and_apply("abort_running", data)
-
-    @precondition(lambda self: self.has("decode"))
-    @rule(data=st.data())
-    def retract(self, data):
-        self.draw_and_apply("retract", data)
-
-    @precondition(lambda self: self.s is not None and self.s.sessions)
-    @rule(data=st.data())
-    def close_session(self, data):
-        if self.rare(data, 6):
-            self.draw_and_apply("close_session", data)
-
-    @precondition(lambda self: self.s is not None and self.s.evictable_size > 0)
-    @rule(data=st.data())
-    def evict(self, data):
-        if self.rare(data):
-            self.draw_and_apply("evict", data)
+    open_session = _op_rule("open_session", lambda self: self.s is not None
+                            and len(self.s.sessions) < MAX_SESSIONS, one_in=6)
+    submit_request = _op_rule("submit_request", lambda self: self.s is not None
+                              and len(self.s.reqs) < MAX_LIVE_REQS, one_in=5)
+    schedule = _op_rule("schedule", lambda self: self.has("queued"))
+    prefill_chunk = _op_rule("prefill_chunk", lambda self: self.has("prefill"))
+    decode = _op_rule("decode", lambda self: self.has("decode") and not self.cfg.spec_enabled)
+    spec_decode = _op_rule("spec_decode", lambda self: self.has("decode") and self.cfg.spec_enabled)
+    finish = _op_rule("finish", lambda self: self.has("decode"))
+    abort_queued = _op_rule("abort_queued", lambda self: self.has("queued"), one_in=5)
+    pre_abort = _op_rule("pre_abort", lambda self: self.has("queued"), one_in=5)
+    abort_running = _op_rule("abort_running", lambda self: self.has("prefill", "decode"), one_in=3)
+    retract = _op_rule("retract", lambda self: self.has("decode"))
+    close_session = _op_rule("close_session", lambda self: self.s is not None and self.s.sessions,
+                             one_in=6)
+    evict = _op_rule("evict", lambda self: self.s is not None and self.s.evictable_size > 0,
+                     one_in=3)
 
     @invariant()
     def spec_state_checked(self):
