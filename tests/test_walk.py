@@ -46,7 +46,7 @@ def test_lengths_are_biased_to_page_boundaries():
     draws = [draw_length(d, 4, 1, 16) for _ in range(400)]
     near = set(boundary_lengths(4, 1, 16))
     assert near == {3, 4, 5, 7, 8, 9, 11, 12, 13, 15, 16}
-    assert sum(x in near for x in draws) > 0.6 * len(draws)
+    assert sum(x in near for x in draws) > 0.78 * len(draws)    # 0.69 if unbiased
     assert all(1 <= x <= 16 for x in draws)
 
 
