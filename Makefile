@@ -13,7 +13,7 @@ WORKERS ?=
 EXTRAS ?= ray
 TRACE ?=
 
-.PHONY: venv check test fuzz replay explore prove selftest bench sglang-env check-sglang clean
+.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean
 
 venv: $(STAMP)
 
@@ -52,6 +52,10 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_explore
 	$(PY) -m benchmarks.bench_detect
 	$(PY) -m benchmarks.bench_scale
+
+# impl/ tests, a fuzz run and per-op latency on CUDA beside CPU (KVCHECK_DEVICE=cpu: cpu only)
+check-gpu: $(STAMP)
+	$(PY) -m benchmarks.check_gpu
 
 # Real upstream releases, each in its own venv (.venv-sglang-VERSION), built from PyPI.
 sglang-env:

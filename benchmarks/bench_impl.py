@@ -38,13 +38,8 @@ def timeit(fn, repeat, dev, setup=None):
     return statistics.median(out), out[int(0.9 * (len(out) - 1))]
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--repeat", type=int, default=200)
-    args = ap.parse_args(argv)
-    dev = resolve_device(args.device)
-    R = args.repeat
+def measure(dev, R: int) -> list:
+    """[(operation, (median us, p90 us))] on device dev, R repeats each."""
     rows = []
 
     for P in (1, 16):
@@ -96,18 +91,28 @@ def main(argv=None) -> None:
         for t in range(1, 4):
             s.submit_turn(1, t, tuple(range(1, 129)), 16)
             s.schedule(t)
-            for _ in range(15):
+            for _ in range(14):     # prefill samples 1, 14 decodes: 15 < max_new_tokens 16
                 s.decode(t, 5)
             s.finish(t)
         s.close_session(1)
     turn = timeit(do_turns, max(10, R // 10), dev)
-    rows.append(("3-turn session (128 prompt+16 decode each), per turn", (turn[0] / 3, turn[1] / 3)))
+    rows.append(("3-turn session (128 prompt + 15 output tokens each), per turn", (turn[0] / 3, turn[1] / 3)))
 
     s = Scheduler(page_size=16, num_pages=256, num_rows=8, max_context_len=2048, device=dev)
     s.submit_request(1, tuple(range(1, 200)), 10 ** 6)
     s.schedule(1)
     rows.append(("scheduler decode step", timeit(lambda _: s.decode(1, 3), min(R, 1500), dev)))
+    return rows
 
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--repeat", type=int, default=200)
+    args = ap.parse_args(argv)
+    dev = resolve_device(args.device)
+    R = args.repeat
+    rows = measure(dev, R)
     print(f"impl/ latency on {dev} (torch {torch.__version__}), repeat={R}")
     w = max(len(n) for n, _ in rows)
     print(f"{'operation'.ljust(w)}  {'median us':>10}  {'p90 us':>10}")
