@@ -220,6 +220,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     if rounds is None and seconds is None:
         raise ValueError("fuzz needs a budget: rounds or seconds")
     factory, bname = resolve(backend)       # a bad backend is a usage error before any work
+    out_dir = _writable_dir(Path(out_dir))
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     console = console or Console(quiet)
@@ -228,7 +229,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     stats = Stats()
     ints = Interrupts()
     start = time.monotonic()
-    drv = _Driver(c, report, console, ints, Path(out_dir), factory, bname, shrink_replays,
+    drv = _Driver(c, report, console, ints, out_dir, factory, bname, shrink_replays,
                   label or ",".join(planted), start)
     executor = None
     with ints.installed(), faults.planted(*planted):
@@ -246,6 +247,21 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.sequences, report.steps = stats.sequences, stats.steps
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     return report
+
+
+def _writable_dir(path: Path) -> Path:
+    """The failure folder, created now: one that cannot take a trace is a usage error
+    before any work, not a traceback after a failure was found."""
+    from kvcheck.errors import UsageError
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".kvcheck-write-probe"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise UsageError(f"--out {path}: cannot write failure traces there "
+                         f"({e.strerror or e}); pass a writable folder") from None
+    return path
 
 
 def _header(console, c, bname, rounds, seconds, workers, use_ray) -> None:

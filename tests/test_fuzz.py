@@ -191,3 +191,19 @@ def test_selftest_interrupted_while_shrinking_exits_130_and_lists_the_trace(tmp_
     written = list(tmp_path.glob("*/*.json"))
     assert len(written) == 1 and f"{written[0]} (unshrunk)" in out and "INTERRUPTED" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("bad", ["file", "readonly"])
+def test_unwritable_out_is_a_usage_error_before_any_work(tmp_path, bad):
+    target = tmp_path / "f"
+    if bad == "file":
+        target.write_text("x")
+    else:
+        target.mkdir()
+        target.chmod(0o500)
+        if os.access(target, os.W_OK):      # root ignores the mode bits
+            pytest.skip("running as root: a read-only folder is writable")
+    p = subprocess.run(cli_cmd("fuzz", "--rounds", "3", "--out", str(target)),
+                       capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
+    assert p.returncode == 2 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert "kvcheck fuzz: backend" not in p.stderr
