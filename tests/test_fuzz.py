@@ -207,3 +207,25 @@ def test_unwritable_out_is_a_usage_error_before_any_work(tmp_path, bad):
                        capture_output=True, text=True, cwd=ROOT, env=env(), timeout=300)
     assert p.returncode == 2 and "--out" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert "kvcheck fuzz: backend" not in p.stderr
+
+
+def test_hypothesis_engine_finds_and_kvcheck_shrinks(tmp_path, capsys):
+    from impl import faults
+    with faults.planted(FAULT):
+        rep = fuzz(None, 5, out_dir=tmp_path, rounds=60, engine="hypothesis", stop_on_first=True)
+    assert rep.found and rep.engine == "hypothesis", rep.render()
+    f = rep.found[0]
+    assert f.shrunk and f.length <= f.original_length and "FOUND" in capsys.readouterr().err
+    assert load(f.path).meta["engine"] == "hypothesis"
+
+
+def test_check_reports_the_differential_failure_before_its_part_ends(tmp_path):
+    p = subprocess.run(cli_cmd("check", "--skip-explore", "--skip-proofs", "--examples", "20",
+                               "--out", str(tmp_path), fault="free_tail_unaligned"),
+                       capture_output=True, text=True, cwd=ROOT, env={**env(), "PYTHONUNBUFFERED": "1"},
+                       timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    err_found = p.stderr.index("FOUND ")
+    assert "unshrunk trace" in p.stderr[err_found:] and "  shrunk " in p.stderr[err_found:]
+    trace = next(tmp_path.glob("*.json"))
+    assert f"trace: {trace}" in p.stdout and load(trace).meta.get("shrunk") is None
