@@ -119,9 +119,14 @@ def _hypothesis_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
 
 # -- executors: where chunks run ----------------------------------------------------------
 
-def _ignore_sigint() -> None:
+def _worker_init() -> None:
+    """A worker process: the driver handles Ctrl-C for all; one torch thread each, so
+    N workers use N cores (impl/'s tensors are tiny: extra threads only contend)."""
     import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)   # the driver handles Ctrl-C for all
+
+    import torch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
 
 
 class InlineExecutor:
@@ -146,7 +151,7 @@ class ProcessExecutor:
         from concurrent.futures import ProcessPoolExecutor
         self.workers = workers
         self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                        initializer=_ignore_sigint)
+                                        initializer=_worker_init)
 
     def submit(self, c, start, count, planted):
         return self.pool.submit(run_chunk, c, start, count, planted)
