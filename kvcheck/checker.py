@@ -72,6 +72,7 @@ class StepRecord:
     outcome: str
     spec_state: AbstractState
     backend_outcome: Optional[str] = None
+    backend_state: Optional[AbstractState] = None   # the backend's abstract state after op
 
 
 @dataclass
@@ -163,6 +164,7 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec) -> Optional
     except Exception as e:  # the system under test crashed: that is a finding
         return Failure(i, op, EXCEPTION, name, details=_tb(e))
     rec.backend_outcome = out
+    rec.backend_state = b_impl
     backend._kvcheck_prev = b_impl
     vs = list(concrete) + check_state(b_impl, cfg)
     if prev is not None:

@@ -50,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("trace")
     r.add_argument("--backend", default="impl", help="spec, impl (default), sglang[:VERSION]")
     r.add_argument("-q", "--quiet", action="store_true", help="only the verdict")
+    r.add_argument("--state", type=int, metavar="N",
+                   help="print the full state of every side after step N (-1: initial)")
+    r.add_argument("--grid", action="store_true", help="print the page x step owner grid")
+    r.add_argument("--html", metavar="FILE", help="write the self-contained HTML report to FILE")
+    r.add_argument("--emit-pytest", metavar="OUT.py",
+                   help="write a standalone pytest test that replays the trace on --backend")
+    r.add_argument("--itf", metavar="FILE", help="write the run as an ITF trace (Apalache/Quint)")
     r.set_defaults(fn=cmd_replay)
 
     s = sub.add_parser("selftest", help="fuzz against each planted fault in impl/; all must be caught")
