@@ -962,6 +962,8 @@ def main(args) -> int:
                 path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
                 to_trace(res, v).save(path)
                 print(f"  trace: {path}  (replay: kvcheck replay {path})")
+                from kvcheck.html_report import write_html_report
+                print(f"  report: {write_html_report(path, backend='spec')}")
             if res.violations:
                 rc = 1
             gaps = missed(res)

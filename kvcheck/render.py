@@ -207,7 +207,9 @@ class Owner:
 def page_owners(s: AbstractState) -> dict:
     """page -> [Owner] for pages 1..num_pages (and any other id some owner names): the
     free lists, tree nodes, and each row's owned pages [protected/P, ceil(allocated/P))
-    (a slot and the request borrowing its row are one owner), as I2 counts them."""
+    (a slot and the request borrowing its row are one owner), as I2 counts them; and a
+    row's protected prefix page that no tree node holds (I27 says it must be the tree's),
+    so that a row reading a freed page shows."""
     out: dict = {p: [] for p in range(1, s.num_pages + 1)}
     for p in s.free_pages:
         out.setdefault(p, []).append(Owner("free", "free list"))
@@ -215,11 +217,18 @@ def page_owners(s: AbstractState) -> dict:
         kind = "node_locked" if n.lock_ref > 0 else "node"
         for p in n.pages:
             out.setdefault(p, []).append(Owner(kind, entity_name("nodes", n)))
+    in_tree = {p for n in s.nodes for p in n.pages}
     for names, prot, alloc, pages in row_owners(s).values():
         kind = "req" if any(x.startswith("req") for x in names) else "slot"
-        for k in range(prot // s.page_size, min(ceil_div(alloc, s.page_size), len(pages))):
-            if pages[k] is not None:
-                out.setdefault(pages[k], []).append(Owner(kind, " / ".join(names)))
+        name = " / ".join(names)
+        for k in range(min(ceil_div(alloc, s.page_size), len(pages))):
+            p = pages[k]
+            if p is None:
+                continue
+            if k >= prot // s.page_size:
+                out.setdefault(p, []).append(Owner(kind, name))
+            elif p not in in_tree:      # the protected prefix reads pages no tree node holds
+                out.setdefault(p, []).append(Owner(kind, f"{name} (protected prefix)"))
     return dict(sorted(out.items(), key=lambda x: _id_order(x[0])))
 
 
@@ -253,9 +262,10 @@ def kind_char(kind: str) -> str:
 def grid_lines(states: list, labels: list, side: str) -> list[str]:
     """The page x step owner grid of one side as text, then every flagged cell."""
     pages, cols = owner_grid(states)
+    labels = ["i" if x == "init" else x for x in labels]
     w = max(len(str(x)) for x in labels) + 1
     legend = "  ".join(f"{c} {name}" for name, c in (*OWNER_KINDS.values(), *FLAGS.values()))
-    out = [f"page x step owners ({side}); columns: the state after each step",
+    out = [f"page x step owners ({side}); columns: the state after each step (i: initial)",
            f"  {legend}",
            "page " + "".join(f"{x:>{w}}" for x in labels)]
     flagged = [f"  step {lab}, page {p}: {col[p][1]}" for p in pages

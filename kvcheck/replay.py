@@ -162,7 +162,7 @@ def write_views(args, trace, res: ReplayResult, out=print) -> None:
         out(f"html report: {write_html_report(args.trace, res.backend_name, out=args.html, result=res)}")
     if getattr(args, "emit_pytest", None):
         from kvcheck.emit_pytest import write_pytest
-        out(f"pytest test: {write_pytest(trace, args.emit_pytest, args.backend, source=args.trace)}")
+        out(f"pytest test: {write_pytest(trace, args.emit_pytest, res.backend_name, source=args.trace)}")
     if getattr(args, "itf", None):
         from kvcheck.itf import write_itf
         out(f"ITF trace: {write_itf(trace, res, args.itf, source=args.trace)}")
