@@ -119,7 +119,7 @@ h1{font-size:18px;margin:0 0 2px} h2{font-size:14px;margin:10px 0 6px}
 #summary{color:#444} #config{color:#777;font-size:11px;font-family:monospace}
 #failure{border-left:5px solid #c62828;background:#fdecea;padding:6px 10px;margin:10px 0}
 #failure .head{font-weight:600;font-size:14px}
-#failure ul{margin:4px 0 0 18px;padding:0}
+#failure ul{margin:4px 0 0 18px;padding:0} #failure summary{cursor:pointer;color:#555;margin-top:3px}
 #failure.pass{border-color:#2e7d32;background:#e8f5e9}
 .cols{display:flex;gap:22px;align-items:flex-start;flex-wrap:wrap}
 table{border-collapse:collapse}
@@ -161,7 +161,7 @@ let sel = {step: F ? F.step : D.labels.length-2, page: null};
 const el = (t, a, kids) => { const e = document.createElement(t);
   for (const [k, v] of Object.entries(a||{})) { if (k === 'text') e.textContent = v; else e.setAttribute(k, v); }
   (kids||[]).forEach(c => e.appendChild(c)); return e; };
-const named = new Set((F ? F.violations : []).filter(v => v.page !== null)
+const named = new Set((F ? F.violations : []).filter(v => v.page !== null && v.id === F.id)
   .map(v => v.side + '|' + F.step + '|' + v.page));
 
 function header(){
@@ -173,11 +173,16 @@ function header(){
   const box = document.getElementById('failure');
   if (!F) { box.className = 'pass'; box.appendChild(el('div', {class: 'head', text: 'PASS: every invariant held and the states agreed'})); return; }
   box.appendChild(el('div', {class: 'head', text: F.id + ' ' + F.name + ' (on ' + F.side + ') at step ' + F.step + ': ' + F.op}));
-  const ul = el('ul');
-  F.violations.forEach(v => { const where = [v.side, v.owner, v.page !== null ? 'page ' + v.page : null].filter(x => x).join('; ');
-    ul.appendChild(el('li', {text: v.id + ' ' + v.name + ' [' + where + ']: ' + v.message})); });
+  const item = v => { const where = [v.side, v.owner, v.page !== null ? 'page ' + v.page : null].filter(x => x).join('; ');
+    return el('li', {text: v.id + ' ' + v.name + ' [' + where + ']: ' + v.message}); };
+  const ul = el('ul', {id: 'violations'});
+  F.violations.filter(v => v.id === F.id).forEach(v => ul.appendChild(item(v)));
   F.details.forEach(d => ul.appendChild(el('li', {text: d})));
   box.appendChild(ul);
+  const rest = F.violations.filter(v => v.id !== F.id);
+  if (rest.length) { const ids = [...new Set(rest.map(v => v.id))].join(', ');
+    const more = el('details', {}, [el('summary', {text: rest.length + ' more violation(s) at this step: ' + ids})]);
+    const ul2 = el('ul'); rest.forEach(v => ul2.appendChild(item(v))); more.appendChild(ul2); box.appendChild(more); }
 }
 
 function sideButtons(){

@@ -159,13 +159,26 @@ def write_views(args, trace, res: ReplayResult, out=print) -> None:
                 out(line)
     if getattr(args, "html", None):
         from kvcheck.html_report import write_html_report
-        out(f"html report: {write_html_report(args.trace, res.backend_name, out=args.html, result=res)}")
+        path = _writing("--html", args.html, lambda: write_html_report(
+            args.trace, res.backend_name, out=args.html, result=res))
+        out(f"html report: {path}")
     if getattr(args, "emit_pytest", None):
         from kvcheck.emit_pytest import write_pytest
-        out(f"pytest test: {write_pytest(trace, args.emit_pytest, res.backend_name, source=args.trace)}")
+        path = _writing("--emit-pytest", args.emit_pytest, lambda: write_pytest(
+            trace, args.emit_pytest, res.backend_name, source=args.trace))
+        out(f"pytest test: {path}")
     if getattr(args, "itf", None):
         from kvcheck.itf import write_itf
-        out(f"ITF trace: {write_itf(trace, res, args.itf, source=args.trace)}")
+        path = _writing("--itf", args.itf, lambda: write_itf(trace, res, args.itf, source=args.trace))
+        out(f"ITF trace: {path}")
+
+
+def _writing(flag: str, target, write):
+    """Run a writer; a file that cannot be written is a usage error naming the flag."""
+    try:
+        return write()
+    except OSError as e:
+        raise UsageError(f"{flag} {target}: cannot write: {e.strerror or e}") from None
 
 
 def cmd_replay(args) -> int:
