@@ -130,3 +130,21 @@ def test_chromium_renders_the_flagged_cell_where_the_invariant_points(tmp_path, 
     _chromium(f"--screenshot={shot}", "--window-size=1100,900", path.as_uri())
     assert shot.stat().st_size > 10_000 and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert re.search(r'id="state-table"', dom)
+
+
+def test_explore_writes_the_report_beside_each_counterexample(tmp_path, monkeypatch, capsys):
+    """A spec defect (H3 unfixed: abort_req clears _inflight whoever asks) found by the
+    explorer: its trace gets TRACE.html beside it, replayed on the spec."""
+    from spec import model as M
+
+    def abort_req_unconditional(s, sid, req):
+        sess = s.sessions.get(sid)
+        if sess is not None:
+            sess.inflight_rid = None
+    monkeypatch.setattr(M, "_abort_req", abort_req_unconditional)
+    assert cli.main(["explore", "--preset", "tiny", "--quiet", "--out", str(tmp_path)]) == 1
+    (trace,) = tmp_path.glob("*.json")
+    report = trace.with_suffix(".html")
+    assert f"report: {report}" in capsys.readouterr().out
+    text = report.read_text()
+    assert '"sides": ["spec"]' in text and f'"id": "{load(trace).expect.invariant}"' in text

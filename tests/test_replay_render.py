@@ -130,3 +130,10 @@ def test_grid_kinds_for_tree_nodes_and_leaks():
     leaked = replace(res.state_at("spec", 2), free_pages=res.state_at("spec", 2).free_pages[1:])
     _, (col,) = owner_grid([leaked])
     assert col[res.state_at("spec", 2).free_pages[0]][0] == "leak"
+
+
+def test_a_file_that_cannot_be_written_is_a_usage_error(capsys):
+    worked = str(REG / "worked_example_5_4.json")
+    for flag in ("--html", "--itf", "--emit-pytest"):
+        assert cli.main(["replay", worked, "-q", flag, "/proc/no/such/dir/x"]) == 2
+        assert f"{flag} /proc/no/such/dir/x: cannot write" in capsys.readouterr().err
