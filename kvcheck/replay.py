@@ -110,9 +110,11 @@ def step_report(res: ReplayResult, rec, fail) -> list[str]:
     for side, block in per_side.items():
         indent = "          "
         if side and len(res.sides) > 1:
-            lines.append(f"{indent}{side}:" + ("" if block else " no change"))
-            indent += "  "
-        lines += [indent + x for x in block]
+            other = [x for s, b in per_side.items() if s != side for x in b]
+            lines.append(f"{indent}{side} (* only this side):" + ("" if block else " no change"))
+            lines += [f"{indent}{'* ' if x not in other else '  '}{x}" for x in block]
+        else:
+            lines += [indent + x for x in block]
     if fail is not None:
         lines += [f"          full state after step {i}, where it fails:"] + \
             ["        " + x for x in full_state_lines(res, i)]
