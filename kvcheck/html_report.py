@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from kvcheck.render import FLAGS, OWNER_KINDS, owner_grid, state_table, step_lines
+from kvcheck.render import FLAGS, OWNER_KINDS, grid_rows, owner_grid, state_table, step_lines
 from kvcheck.replay import ReplayResult, matches_expectation, run_replay, step_labels
 
 
@@ -28,8 +28,11 @@ def report_data(trace, res: ReplayResult, title: str) -> dict:
         pages += [p for p in side_pages if p not in pages]
         grids[side] = cols
     for side, cols in grids.items():   # every side's grid over the same pages
-        grids[side] = [None if c is None else [c.get(p, ("leak", "no state")) for p in pages]
+        grids[side] = [None if c is None else {p: c.get(p, ("leak", "no state")) for p in pages}
                        for c in cols]
+    rows = grid_rows(pages, list(grids.values()))
+    grids = {side: [None if c is None else [c[p] for p in pages] for c in cols]
+             for side, cols in grids.items()}
     f = res.failure
     failure = None
     if f is not None:
@@ -44,6 +47,7 @@ def report_data(trace, res: ReplayResult, title: str) -> dict:
         "sides": list(res.sides),
         "labels": labels,
         "pages": pages,
+        "rows": [list(r) for r in rows],
         "grids": grids,
         "kinds": {k: [name, c] for k, (name, c) in {**OWNER_KINDS, **FLAGS}.items()},
         "steps": [step_data(res, i) for i in range(-1, len(res.records))],
@@ -138,7 +142,7 @@ table{border-collapse:collapse}
 #legend{max-width:430px;margin-bottom:4px} #legend span{display:inline-block;margin-right:10px}
 #legend i{display:inline-block;width:14px;height:12px;vertical-align:middle;margin-right:3px;border:1px solid #bbb}
 #ops td,#ops th{border-bottom:1px solid #e0e0e0;padding:2px 8px;text-align:left;font-size:12px}
-#ops td.op{font-family:monospace}
+#ops td.op{font-family:monospace;word-break:break-word} #ops-box{flex:1 1 420px;min-width:380px}
 #ops tr{cursor:pointer} #ops tr.sel{background:#bbdefb} #ops tr.failrow td{color:#b71c1c;font-weight:600}
 #ops td.diverge{background:#ffcdd2}
 button{font:12px system-ui;margin-left:4px;padding:1px 8px;border:1px solid #90a4ae;background:#fff;border-radius:3px;cursor:pointer}
@@ -209,10 +213,10 @@ function grid(){
     if (st === sel.step) th.classList.add('sel');
     th.onclick = () => select(st, null); hr.appendChild(th); });
   t.appendChild(hr);
-  D.pages.forEach((p, r) => { const tr = el('tr', {}, [el('th', {class: 'page', text: p})]);
+  D.rows.forEach(([label, r]) => { const p = D.pages[r]; const tr = el('tr', {}, [el('th', {class: 'page', text: label})]);
     cols.forEach((col, j) => { const st = j - 1;
       const cell = col ? col[r] : ['none', side + ' has no state here'];
-      const td = el('td', {class: 'k-' + cell[0], 'data-page': p, 'data-step': st, title: 'page ' + p + ', step ' + D.labels[j] + ': ' + cell[1],
+      const td = el('td', {class: 'k-' + cell[0], 'data-page': p, 'data-step': st, title: 'page ' + label + ', step ' + D.labels[j] + ': ' + cell[1],
                            text: cell[0] === 'none' ? '' : D.kinds[cell[0]][1]});
       if (cell[0] === 'conflict' || cell[0] === 'leak') td.classList.add('flag');
       if (named.has(side + '|' + st + '|' + p)) td.classList.add('named');
@@ -249,10 +253,10 @@ function detail(){
   if (sel.step >= 0) {
     d.appendChild(el('h2', {text: 'What changed since the previous step'}));
     const ch = s.changes, sides = Object.keys(ch);
-    const same = sides.length === 2 && JSON.stringify(ch[sides[0]]) === JSON.stringify(ch[sides[1]]);
+    const same = sides.length < 2 || JSON.stringify(ch[sides[0]]) === JSON.stringify(ch[sides[1]]);
     (same ? [sides[0]] : sides).forEach(x => { const lines = ch[x];
       const other = sides.filter(y => y !== x).map(y => ch[y] || []).flat();
-      d.appendChild(el('div', {class: 'muted', text: same ? 'both sides alike:' : x + ' (lines only this side has are marked):'}));
+      d.appendChild(el('div', {class: 'muted', text: sides.length < 2 ? x + ':' : same ? 'both sides alike:' : x + ' (lines only this side has are marked):'}));
       const pre = el('pre', {class: 'changes', 'data-side': x});
       if (lines === null || !lines.length) pre.textContent = lines === null ? '(no state)' : '(no change)';
       else lines.forEach(ln => pre.appendChild(el('div', {class: !same && !other.includes(ln) ? 'only' : '', text: ln})));

@@ -255,6 +255,27 @@ def owner_grid(states: list) -> tuple[list, list]:
     return pages, cols
 
 
+def grid_rows(pages: list, grids: list, run: int = 3) -> list[tuple[str, int]]:
+    """The grid's rows as (label, index of the page shown): a run of `run` or more
+    consecutive pages that are free in every column of every grid (one grid a side)
+    is one row labelled with its range, so a large pool does not drown the picture."""
+    def always_free(p):
+        return all(col is None or col[p][0] == "free" for cols in grids for col in cols)
+    rows, i = [], 0
+    while i < len(pages):
+        j = i
+        while (j < len(pages) and isinstance(pages[j], int) and always_free(pages[j])
+               and pages[j] - pages[i] == j - i):
+            j += 1
+        if j - i >= run:
+            rows.append((f"{pages[i]}-{pages[j - 1]}", i))
+            i = j
+        else:
+            rows.append((str(pages[i]), i))
+            i += 1
+    return rows
+
+
 def kind_char(kind: str) -> str:
     return (OWNER_KINDS.get(kind) or FLAGS[kind])[1]
 
@@ -267,12 +288,12 @@ def grid_lines(states: list, labels: list, side: str) -> list[str]:
     legend = "  ".join(f"{c} {name}" for name, c in (*OWNER_KINDS.values(), *FLAGS.values()))
     out = [f"page x step owners ({side}); columns: the state after each step (i: initial)",
            f"  {legend}",
-           "page " + "".join(f"{x:>{w}}" for x in labels)]
+           " page " + "".join(f"{x:>{w}}" for x in labels)]
     flagged = [f"  step {lab}, page {p}: {col[p][1]}" for p in pages
                for lab, col in zip(labels, cols) if col is not None and col[p][0] in FLAGS]
-    for p in pages:
-        cells = [" " if col is None else kind_char(col[p][0]) for col in cols]
-        out.append(f"{p!s:>4} " + "".join(f"{c:>{w}}" for c in cells))
+    for label, i in grid_rows(pages, [cols]):
+        cells = [" " if col is None else kind_char(col[pages[i]][0]) for col in cols]
+        out.append(f"{label:>5} " + "".join(f"{c:>{w}}" for c in cells))
     if flagged:
         out += ["flagged cells:"] + flagged
     return out

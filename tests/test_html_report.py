@@ -120,6 +120,8 @@ def test_chromium_renders_the_flagged_cell_where_the_invariant_points(tmp_path, 
     flagged_here = {p for s, p, cls in cells.cells if s == step and "flag" in cls}
     assert page in flagged_here
     assert cells.detail_step == step and "the failing step" in cells.texts["detail-title"]
+    if fault == "free_tail_unaligned":        # what only impl did at the failing step
+        assert '<div class="only">free pages: returned 1; 14 free: 1-14</div>' in dom
     # a click target, by address: the state and owners of another step and cell
     dom = _chromium("--dump-dom", path.as_uri() + f"#step={step - 1}&page={page}")
     cells = _Cells()

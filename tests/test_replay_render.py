@@ -125,6 +125,9 @@ def test_grid_shows_the_page_that_is_free_and_owned(planted_run, capsys):
 
 def test_grid_kinds_for_tree_nodes_and_leaks():
     res = run_replay(load(H3), "spec")
+    lines = grid_lines(res.states("spec"), step_labels(res), "spec")
+    assert lines[-1].split() == ["13-32"] + ["."] * 14      # pages free throughout: one row
+    assert [x.split()[0] for x in lines[3:-1]] == [str(p) for p in range(1, 13)]
     pages, cols = owner_grid(res.states("spec"))
     assert cols[3][1][0] == "node_locked"            # after schedule: the prompt under lock
     assert cols[-1][11][0] == "node"                 # the stub's node [0], unlocked
