@@ -80,15 +80,13 @@ def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
 def replay_trace(trace, backend_name: str, *, verbose: bool = True, out=print):
     """Run one trace; returns (ReplayResult, matches_expectation). Verbose: print each
     step as it runs (kvcheck.render)."""
-    on_step = None
+    def print_step(rec, fail, res):
+        for line in step_report(res, rec, fail):
+            out(line)
     if verbose:
         out(f"config: {json.dumps(trace.config.to_json())}")
         out(f"backend: {backend_name}; {len(trace.ops)} operations")
-
-        def on_step(rec, fail, res):
-            for line in step_report(res, rec, fail):
-                out(line)
-    res = run_replay(trace, backend_name, on_step)
+    res = run_replay(trace, backend_name, print_step if verbose else None)
     return res, matches_expectation(trace.expect, res.failure, res.backend_name)
 
 

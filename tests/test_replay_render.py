@@ -9,7 +9,7 @@ import pytest
 
 from impl import faults
 from kvcheck import cli
-from kvcheck.render import fmt_ids, grid_lines, owner_grid, state_marks, step_lines
+from kvcheck.render import fmt_ids, grid_lines, owner_grid, state_marks
 from kvcheck.replay import run_replay, step_labels
 from kvcheck.trace import load
 from spec.abstract import canonical, diff, segments
