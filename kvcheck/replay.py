@@ -105,14 +105,16 @@ def step_report(res: ReplayResult, rec, fail) -> list[str]:
     blocks = list(per_side.values())
     if len(blocks) == 2 and blocks[0] == blocks[1]:
         per_side = {"": blocks[0]}
+    indent = "          "
     for side, block in per_side.items():
-        indent = "          "
-        if side and len(res.sides) > 1:
-            other = [x for s, b in per_side.items() if s != side for x in b]
-            lines.append(f"{indent}{side} (* only this side):" + ("" if block else " no change"))
-            lines += [f"{indent}{'* ' if x not in other else '  '}{x}" for x in block]
-        else:
+        if not side or len(res.sides) == 1:
             lines += [indent + x for x in block]
+            continue
+        other = [x for s, blk in per_side.items() if s != side for x in blk]
+        marked = len(per_side) > 1
+        lines.append(f"{indent}{side}{' (* only this side)' if marked else ''}:"
+                     + ("" if block else " no change"))
+        lines += [f"{indent}{'* ' if marked and x not in other else '  '}{x}" for x in block]
     if fail is not None:
         lines += [f"          full state after step {i}, where it fails:"] + \
             ["        " + x for x in full_state_lines(res, i)]

@@ -150,3 +150,16 @@ def test_explore_writes_the_report_beside_each_counterexample(tmp_path, monkeypa
     assert f"report: {report}" in capsys.readouterr().out
     text = report.read_text()
     assert '"sides": ["spec"]' in text and f'"id": "{load(trace).expect.invariant}"' in text
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed")
+def test_chromium_renders_a_failure_where_the_backend_has_no_state(tmp_path):
+    """save_keeps_row: impl raises at step 3 (E1), so its column there is 'no state'."""
+    path, res = _report(tmp_path, "save_keeps_row")
+    assert res.failure.id == "E1" and res.records[-1].backend_state is None
+    dom = _chromium("--dump-dom", path.as_uri())
+    cells = _Cells()
+    cells.feed(dom)
+    assert 'data-ready="1"' in dom and cells.detail_step == res.failure.step
+    assert {cls[0] for s, p, cls in cells.cells if s == res.failure.step} == {"k-none"}
+    assert {cls[0] for s, p, cls in cells.cells if s == res.failure.step - 1} != {"k-none"}
