@@ -159,7 +159,11 @@ def main(argv=None) -> int:
     try:
         parser = build_parser()
         try:
-            args = parser.parse_args(argv)
+            args, extra = parser.parse_known_args(argv)
+            if extra:                            # named by the subcommand that got them
+                commands = parser._subparsers._group_actions[0].choices
+                commands.get(getattr(args, "cmd", None), parser).error(
+                    f"unrecognized arguments: {' '.join(extra)}")
         except SystemExit as e:                  # --help, --version, a usage error
             return e.code if isinstance(e.code, int) else EXIT_USAGE
         if not getattr(args, "fn", None):

@@ -128,7 +128,8 @@ def _describe(err) -> str:
     s, v, kind = err.schema, err.instance, err.validator
     where = _where(err.absolute_path)
     if kind in ("minimum", "maximum") or (kind == "type" and "minimum" in s):
-        return f"{where} must be an integer in [{s['minimum']}, {s['maximum']}], got {_short(v)}"
+        hi = f"{s['maximum']}]" if "maximum" in s else "...)"
+        return f"{where} must be an integer in [{s['minimum']}, {hi}, got {_short(v)}"
     if kind in ("minItems", "maxItems"):
         return f"{where} must have {s['minItems']} to {s['maxItems']} items, got {len(v)}"
     if kind == "additionalProperties":
