@@ -452,3 +452,11 @@ def test_workflow_is_valid_and_runs_check_and_nightly_fuzz():
     assert any("make check" in s for s in steps.values())
     fuzz = next(s for s in steps.values() if "make fuzz" in s)
     assert "upload-artifact" in fuzz and "failures" in yaml.safe_dump(wf)
+
+
+def test_an_interrupt_anywhere_in_a_command_exits_130(capsys, monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_explain", interrupted)
+    rc, out, err = run_main(capsys, ["explain"])
+    assert rc == 130 and err.strip() == "kvcheck explain: interrupted"
