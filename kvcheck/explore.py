@@ -35,7 +35,7 @@ from kvcheck import argtypes as T
 from kvcheck.errors import ROOT as PROJECT
 from spec import model as M
 from spec import ops as O
-from spec.config import Config, ConfigError
+from spec.config import ERAS, Config, ConfigError
 from spec.invariants import STEP_INVARIANTS, check_state, check_step
 from spec.state import ROOT, State
 from spec.view import abstract
@@ -869,7 +869,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="speculative decoding (spec_enabled)")
     g.add_argument("--max-drafts", type=T.positive_int, help="max_drafts")
     g.add_argument("--overlap", action=argparse.BooleanOptionalAction, help="overlap scheduler")
-    g.add_argument("--era", choices=("wrapper", "borrow"), help="upstream era")
+    g.add_argument("--era", choices=ERAS, help="upstream era")
     g.add_argument("--sessions", type=T.nonnegative_int, help="session ids 1..N")
     g.add_argument("--plain", type=T.nonnegative_int, help="plain requests live at once")
     g.add_argument("--max-live", type=T.positive_int, help="requests live at once")
