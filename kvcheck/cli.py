@@ -8,6 +8,7 @@ values are checked by the type= callables of kvcheck/argtypes.py while parsing.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kvcheck import argtypes as T
@@ -153,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from hypothesis.configuration import set_hypothesis_home_dir
-    set_hypothesis_home_dir(HYPOTHESIS_HOME)      # never in the directory kvcheck runs from
+    # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME))
     cmd = "kvcheck"
     try:
         parser = build_parser()
