@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "kvcheck fuzz --seconds 300 --seed 7", cmd_fuzz)
     f.add_argument("--seconds", type=T.positive_float, default=60.0, help="time budget")
     f.add_argument("--seed", type=T.seed, default=None,
-                   help="recorded and printed; rerun with it (default: a random one)")
+                   help="recorded and printed; rerun with it (None: a random seed)")
     _backend_flag(f)
     f.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where shrunk failure traces go")
 
@@ -120,11 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
                  "kvcheck replay stateful_tests/regressions/worked_example_5_4.json", cmd_replay)
     r.add_argument("trace", help="a trace file (docs/trace.schema.json)")
     r.add_argument("--backend", type=T.backend, default=None,
-                   help=f"{T.BACKENDS_HELP} (default: the trace's recorded upstream release "
-                        "when it names one, else impl)")
+                   help=f"{T.BACKENDS_HELP}; None: the trace's recorded upstream release "
+                        "when it names one, else impl")
     r.add_argument("--plant", metavar="FAULT", default=None,
-                   help="switch on a planted fault of impl/faults.py (default: the trace's "
-                        "#meta.planted_fault, if any)")
+                   help="switch on a planted fault of impl/faults.py; None: the trace's "
+                        "#meta.planted_fault, if any")
     r.add_argument("-q", "--quiet", action="store_true", help="only the verdict")
 
     s = _command(sub, "selftest", "fuzz against each planted fault in impl/; all must be caught",

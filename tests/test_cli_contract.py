@@ -344,12 +344,11 @@ def test_every_subcommand_has_a_description_an_example_and_help_with_defaults():
     assert {"check", "fuzz", "replay", "explore", "prove", "selftest", "explain"} <= set(sub.choices)
     for name, p in sub.choices.items():
         assert "example:\n  kvcheck " + name in p.description, name
-        text = p.format_help()
+        fmt = p.formatter_class(prog=p.prog)
         for a in p._actions:
             if a.option_strings and a.dest != "help":
                 assert a.help, (name, a.option_strings)
-                if a.default is not None and a.help is not argparse.SUPPRESS:
-                    assert "(default:" in text, (name, a.option_strings)
+                assert "%(default)s" in fmt._get_help_string(a), (name, a.option_strings)
 
 
 def test_explain_lists_and_explains_every_failure_id(capsys):
