@@ -14,7 +14,6 @@ import dataclasses
 import functools
 import json
 import sys
-from pathlib import Path
 from typing import Optional
 
 from kvcheck.errors import ROOT
