@@ -18,10 +18,11 @@ REG = ROOT / "stateful_tests" / "regressions"
 PLANTED = REG / "planted" / "free_tail_unaligned.json"
 
 
-def _emit(tmp_path, trace, *extra) -> Path:
+def _emit(tmp_path, trace, *extra, backend=None) -> Path:
     out = tmp_path / f"test_{trace.stem}.py"
     with faults.planted(*[x for x in extra if x]):
-        cli.main(["replay", str(trace), "--emit-pytest", str(out), "-q"])
+        cli.main(["replay", str(trace), "--emit-pytest", str(out), "-q",
+                  *(["--backend", backend] if backend else [])])
     return out
 
 
@@ -60,7 +61,7 @@ def test_emitted_test_for_another_backend_expects_what_replay_expects(tmp_path):
     """A recorded upstream finding (sglang-0.5.15) emitted for impl expects a pass there,
     as `kvcheck replay` judges it."""
     h3 = ROOT / "stateful_tests" / "upstream" / "h3-sglang-0.5.15.json"
-    path = _emit(tmp_path, h3)
+    path = _emit(tmp_path, h3, backend="impl")
     text = path.read_text()
     assert "expects every step passes on impl" in text
     assert "O.SubmitTurn(sid=1, rid=1, new_tokens=(11, 12, 13, 14, 15), max_new_tokens=3)," in text
