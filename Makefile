@@ -12,6 +12,7 @@ ROUNDS ?=
 WORKERS ?=
 EXTRAS ?= ray
 TRACE ?=
+CHECK_FLAGS ?=
 
 .PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean
 
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 check: $(STAMP)
-	$(VENV)/bin/kvcheck check
+	$(VENV)/bin/kvcheck check $(CHECK_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -18,11 +18,13 @@ def _corpus(paths):
     return files
 
 
-def check_corpus(paths, backend: str, out=print) -> list:
-    """Replay every trace; returns the files whose outcome is not the expected one."""
+def check_corpus(paths, backend: str, out=print, record=None) -> list:
+    """Replay every trace; returns the files whose outcome is not the expected one.
+    `record(file, ok, text, seconds)` is told each replayed trace's verdict (CI reports)."""
     from kvcheck.trace import load
     bad = []
     for f in _corpus(paths):
+        t0 = time.monotonic()
         trace = load(f)
         if trace.expect.backend not in (None, "spec", "impl") and backend in ("spec", "impl"):
             continue        # a trace about another backend (e.g. an upstream release)
@@ -30,9 +32,12 @@ def check_corpus(paths, backend: str, out=print) -> list:
                 (UPSTREAM / f"{f.stem}-{backend.replace(':', '-')}.json").exists():
             continue        # a recorded upstream finding replaces this expectation there
         res, ok = replay_trace(trace, backend, verbose=False)
+        text = res.failure.render() if res.failure else "passed"
         if not ok:
             bad.append(f)
-            out(f"  UNEXPECTED {f}: " + (res.failure.render() if res.failure else "passed"))
+            out(f"  UNEXPECTED {f}: " + text)
+        if record is not None:
+            record(f, ok, text if not ok else "", time.monotonic() - t0)
     return bad
 
 
@@ -43,9 +48,14 @@ CHECK_SEED = 0
 def cmd_check(args) -> int:
     from kvcheck.engines import DEFAULT_ENGINE
 
-    results = []
+    from kvcheck.ciformat import Case, write_reports
+    results, cases, current = [], [], ["parts"]
+
+    def record(f, ok, text, seconds):
+        cases.append(Case(current[0], Path(f).stem, ok, seconds, text, str(f)))
 
     def part(name, fn):
+        current[0] = name
         t0 = time.monotonic()
         print(f"== {name}", flush=True)
         try:
@@ -54,6 +64,7 @@ def cmd_check(args) -> int:
             ok, detail = False, f"{type(e).__name__}: {e}"
         dt = time.monotonic() - t0
         results.append((name, ok, dt, detail))
+        cases.append(Case.part(name, ok, dt, detail))
         print(f"   {'ok' if ok else 'FAILED'} ({dt:.1f} s) {detail}", flush=True)
 
     def corpus():
@@ -62,7 +73,7 @@ def cmd_check(args) -> int:
             version = args.backend.split(":", 1)[1]
             paths += sorted(UPSTREAM.glob(f"*-sglang-{version}.json"))
         files = _corpus(paths)
-        bad = check_corpus(paths, args.backend)
+        bad = check_corpus(paths, args.backend, record=record)
         return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected"
 
     def differential():
@@ -106,12 +117,15 @@ def cmd_check(args) -> int:
         files = sorted((REGRESSIONS / "planted").glob("*.json"))
         missed = []
         for f in files:
+            t0 = time.monotonic()
             t = load(f)
             with faults.planted(t.meta["planted_fault"]):
                 res, ok = replay_trace(t, "impl", verbose=False)
             if not ok:
                 missed.append(f.stem)
                 print(f"   MISSED {f.stem}: its trace no longer fails as recorded", flush=True)
+            record(f, ok, "" if ok else "missed: " + (res.failure.render() if res.failure
+                                                     else "passed"), time.monotonic() - t0)
         return not missed, (f"{len(files) - len(missed)}/{len(files)} planted-fault traces still caught"
                             + (f"; MISSED: {missed}" if missed else ""))
 
@@ -126,4 +140,7 @@ def cmd_check(args) -> int:
     failed = [r for r in results if not r[1]]
     total = sum(r[2] for r in results)
     print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in {total:.1f} s")
+    write_reports(cases, total, args.junit_xml, args.json, backend=args.backend,
+                  examples=args.examples,
+                  seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
     return 1 if failed else 0

@@ -250,17 +250,17 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
 
 
 def _writable_dir(path: Path) -> Path:
-    """The failure folder, created now: one that cannot take a trace is a usage error
-    before any work, not a traceback after a failure was found."""
+    """The failure folder (checked as the --out flag is, then created): one that cannot
+    take a trace is a usage error before any work, not a traceback after a failure."""
+    from argparse import ArgumentTypeError
+
+    from kvcheck.argtypes import writable_dir
     from kvcheck.errors import UsageError
     try:
+        path = writable_dir(str(path))
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".kvcheck-write-probe"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as e:
-        raise UsageError(f"--out {path}: cannot write failure traces there "
-                         f"({e.strerror or e}); pass a writable folder") from None
+    except (ArgumentTypeError, OSError) as e:
+        raise UsageError(f"--out {path}: cannot write failure traces there ({e})") from None
     return path
 
 
