@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "kvcheck check --junit-xml kvcheck.xml --json kvcheck.json", cmd_check)
     _backend_flag(c)
     c.add_argument("--examples", type=T.positive_int, default=100,
-                   help="differential sequences, half without and half with speculative decoding")
+                   help="differential sequences (each draws its own configuration, speculative decoding on or off)")
     c.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where failure traces go")
     c.add_argument("--skip-explore", action="store_true", help="leave out exhaustive exploration")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
