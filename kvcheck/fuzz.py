@@ -45,9 +45,19 @@ its first failure, so a failure is reported without waiting for the rest)."""
 PROGRESS_EVERY_S = 5.0
 
 
-def on_trace_written(path: Path) -> None:
-    """Called for every trace file a campaign writes (unshrunk, then shrunk): the one
-    place where a written trace gets its companion files (the HTML report goes here)."""
+def on_trace_written(path: Path, backend: str) -> Optional[Path]:
+    """Called for every trace file a campaign writes (unshrunk, then shrunk), after its
+    report line is printed: the one place where a written trace gets its companion
+    files. Writes the HTML report (kvcheck.html_report) beside the trace and returns
+    its path; a report that cannot be written is said on stderr and loses nothing else
+    (the trace is already on disk)."""
+    from kvcheck.html_report import write_html_report
+    try:
+        return write_html_report(path, backend=backend)
+    except Exception as e:  # noqa: BLE001  (the trace must survive a report bug)
+        print(f"kvcheck: warning: no HTML report for {path}: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        return None
 
 
 @dataclass
@@ -65,6 +75,7 @@ class Found:
     seconds_to_shrunk: Optional[float] = None
     replays: int = 0
     seconds_generated: float = 0.0  # campaign start -> the failing sequence reached the driver
+    html: Optional[Path] = None     # the HTML report beside the trace
 
 
 @dataclass
@@ -105,6 +116,8 @@ class FuzzReport:
             lines.append(f"  FAILURE {f.id} on {f.side} at step {f.step} ({how}; first reported "
                          f"after {f.seconds_to_find:.1f} s): {f.summary}")
             lines.append(f"    trace:  {f.path}")
+            if f.html is not None:
+                lines.append(f"    report: {f.html}")
             lines.append(f"    replay: kvcheck replay {f.path} --backend {self.backend}")
             lines.append(f"    keep it: mv {f.path} stateful_tests/regressions/ "
                          "(replayed by make check and make test from then on)")
@@ -349,7 +362,16 @@ class _Driver:
                           seconds_generated=generated)
             self.report.found.append(found)
         self.console.found(found)
+        found.html = self.companions(found)
         self._shrink(raw, found, meta)
+
+    def companions(self, found: Found) -> Optional[Path]:
+        """The HTML report of a trace just written (interrupt-safe like the trace)."""
+        with self.ints.deferred():
+            html = on_trace_written(found.path, self.bname)
+        if html is not None:
+            self.console.line(f"  report: {html}", always=True)
+        return html
 
     def _shrink(self, raw: RawFailure, found: Found, meta: dict) -> None:
         failure, cfg = raw.failure, raw.cfg
@@ -382,6 +404,7 @@ class _Driver:
             found.replays = replays[0] + 2
             found.seconds_to_shrunk = time.monotonic() - self.start
         self.console.shrunk(found)
+        found.html = self.companions(found) or found.html
 
 
 def _summary(f) -> str:
@@ -392,5 +415,4 @@ def _summary(f) -> str:
 def _write(cfg, ops, failure, meta, path) -> Path:
     path = Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side),
                  meta).save(path)
-    on_trace_written(path)
     return path

@@ -4,6 +4,7 @@ at any moment (exit 130, every written trace listed, unshrunk ones marked)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,19 @@ def test_first_report_names_the_unshrunk_trace_before_shrinking(tmp_path, capsys
     assert str(f.path) in err and f.shrunk and f.length <= f.original_length
     assert f.seconds_generated <= f.seconds_to_find <= f.seconds_to_shrunk
     assert load(f.path).expect.invariant == f.id
+
+
+def test_every_written_trace_gets_its_html_report_beside_it(tmp_path, capsys):
+    from impl import faults
+    with faults.planted(FAULT):
+        rep = fuzz(None, 5, out_dir=tmp_path, rounds=12, stop_on_first=True)
+    f = rep.found[0]
+    assert f.html == f.path.with_suffix(".html") and f.html.exists()
+    page = f.html.read_text()
+    assert re.search(rf'"id": ?"{f.id}"', page) and "<script src" not in page  # self-contained
+    err = capsys.readouterr().err
+    assert err.count(f"report: {f.html}") == 2                  # unshrunk, then shrunk
+    assert f"report: {f.html}" in rep.render()
 
 
 def test_count_budget_runs_exactly_that_many_sequences(tmp_path):
