@@ -75,7 +75,7 @@ BAD_ARGS = [
     (["fuzz", "--backend", "tpu"], "unknown backend 'tpu'"),
     (["fuzz", "--backend", "sglang"], "--backend"),
     (["selftest", "--seconds", "-1"], "--seconds: must be a finite number > 0"),
-    (["selftest", "--shrink-seconds", "0"], "--shrink-seconds"),
+    (["selftest", "--shrink-replays", "-1"], "--shrink-replays"),
     (["selftest", "--seed", "-3"], "--seed"),
     (["selftest", "--out", "/etc/passwd"], "--out"),
     (["selftest", "--seconds", "1", "no_such_fault"], "unknown fault(s) ['no_such_fault']"),
