@@ -272,6 +272,8 @@ class Scheduler:
     def pre_abort(self, rid: int) -> str:
         req = self._req(rid, "queued")
         req.to_finish = FINISH_ABORT
+        if not req.is_retracted:            # set_finish_with_abort: a one-token prompt
+            req.origin_input_ids = [0]
         return "ok"
 
     @_borrow_synced

@@ -709,6 +709,22 @@ def _abort_queued(s: State, req: Req) -> None:
     del s.reqs[req.rid]
 
 
+ABORT_STUB_ORIGIN = (0,)
+"""`Req.set_finish_with_abort` rebinds origin_input_ids to `array("q", [0])`."""
+
+
+def _pre_abort(req: Req) -> None:
+    """FINISH_ABORT on a queued request that has not been matched. A fresh request
+    (never run) is aborted by upstream only through `Req.set_finish_with_abort`
+    (validation in `handle_generate_request`, the grammar queue), which rebinds
+    origin_input_ids to a private one-token array; a retracted turn aborted by the
+    client in the iteration that retracted it (abort method 3: `to_finish` only, then
+    `retract_decode`) keeps its arrays."""
+    req.to_finish = True
+    if not req.is_retracted:
+        req.origin = ABORT_STUB_ORIGIN
+
+
 def _retract(s: State, req: Req) -> None:
     """`release_req` + `reset_for_retract`."""
     _lookahead(s, req)
@@ -838,7 +854,7 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
         _abort_queued(s, req)
         out = "ok"
     elif isinstance(op, O.PreAbort):
-        req.to_finish = True
+        _pre_abort(req)
         out = "ok"
     elif isinstance(op, O.AbortRunning):
         _abort_running(s, req)

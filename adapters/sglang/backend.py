@@ -456,8 +456,15 @@ class SglangBackend:
         return "ok"
 
     def _op_pre_abort(self, op):
+        """A fresh request: upstream's own `Req.set_finish_with_abort` (the validation
+        aborts of handle_generate_request; one-token prompt). A retracted one: abort
+        method 3 (`to_finish` only) landed in the iteration that retracted it."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        self.live[op.rid].req.to_finish = FINISH_ABORT()
+        req = self.live[op.rid].req
+        if req.is_retracted:
+            req.to_finish = FINISH_ABORT()
+        else:
+            req.set_finish_with_abort("kvcheck: pre_abort")
         return "ok"
 
     def _op_abort_running(self, op):
