@@ -268,6 +268,10 @@ class Scheduler:
         self._retire(req, session)
         return "ok"
 
+    def queue_reject(self, rid: int) -> str:
+        """_add_request_to_queue refuses it (priority / queue limit): a queued abort."""
+        return self.abort_queued(rid)
+
     @_borrow_synced
     def pre_abort(self, rid: int) -> str:
         req = self._req(rid, "queued")

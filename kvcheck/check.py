@@ -68,14 +68,15 @@ def cmd_check(args) -> int:
         return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected"
 
     def differential():
-        from kvcheck.backends import known_findings, release_era
+        from kvcheck.backends import known_findings, parse_accept, release_era
         factory, bname = resolve(args.backend)
-        skip = known_findings(args.backend)
+        accept = parse_accept(getattr(args, "accept", None), args.backend)
+        skip = known_findings(args.backend, accept)
         era = release_era(args.backend)
         M.COVERAGE.clear(), M.STEPS.clear(), M.LAST_FAILURE.clear()
         try:
             for spec_on in (False, True):   # half the budget each way, so both decode kinds run
-                machine = M.make_machine(factory, bname, M.configs(spec_enabled=spec_on, era=era), skip)
+                machine = M.make_machine(factory, bname, M.configs(spec_enabled=spec_on, era=era, accept=accept), skip)
                 run_state_machine_as_test(machine, settings=settings(
                     settings.get_profile("kvcheck-check"), max_examples=max(1, args.examples // 2)))
         except Exception:

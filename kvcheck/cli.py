@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", default="impl", help="system under test: impl (default), spec, sglang[:VERSION]")
     c.add_argument("--examples", type=int, default=100, help="differential sequences (default 100)")
     c.add_argument("--out", default="failures", help="where failure traces go (default failures/)")
+    c.add_argument("--accept", help="recorded upstream findings whose behaviour the spec takes, "
+                   "e.g. U1,U2 (spec or sglang backends; default: the fixed behaviour)")
     c.add_argument("--skip-explore", action="store_true")
     c.add_argument("--skip-proofs", action="store_true")
     c.set_defaults(fn=cmd_check)
@@ -44,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--seed", type=int, default=None, help="recorded and printed; rerun with it")
     f.add_argument("--backend", default="impl")
     f.add_argument("--out", default="failures", help="where shrunk failure traces go (default failures/)")
+    f.add_argument("--accept", help="recorded upstream findings whose behaviour the spec takes, "
+                   "e.g. U1,U2 (spec or sglang backends)")
     f.set_defaults(fn=cmd_fuzz)
 
     r = sub.add_parser("replay", help="run one trace on the spec and a backend, step by step")

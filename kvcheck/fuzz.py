@@ -91,7 +91,8 @@ def _log(msg: str, quiet: bool) -> None:
 
 def fuzz(seconds: float, seed: Optional[int] = None, backend: str = "impl",
          out_dir: str | Path = "failures", *, stop_on_first: bool = False,
-         quiet: bool = False, shrink_budget_s: float = 60.0, label: str = "") -> FuzzReport:
+         quiet: bool = False, shrink_budget_s: float = 60.0, label: str = "",
+         accept: tuple = ()) -> FuzzReport:
     factory, bname = resolve(backend)
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
@@ -99,12 +100,13 @@ def fuzz(seconds: float, seed: Optional[int] = None, backend: str = "impl",
     _log(f"kvcheck fuzz: backend {bname}, seed {seed} (rerun with --seed {seed}), "
          f"{seconds:g} s", quiet)
     from kvcheck.backends import known_findings, release_era
-    skip = known_findings(backend)
+    skip = known_findings(backend, accept)
     era = release_era(backend)
     if skip is not None:
         _log(f"  leaving out operations that trigger the findings recorded for {bname} "
              "(docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)", quiet)
-    machine = M.make_machine(factory, bname, M.configs(era=era) if era else None, skip=skip)
+    machine = M.make_machine(factory, bname,
+                             M.configs(era=era, accept=accept) if era or accept else None, skip=skip)
     base = settings(settings.get_profile("kvcheck-fuzz"), max_examples=ROUND_EXAMPLES,
                     phases=[Phase.generate], verbosity=Verbosity.quiet, print_blob=False)
     M.COVERAGE.clear(), M.OUTCOMES.clear(), M.STEPS.clear()

@@ -11,7 +11,9 @@ def cmd_fuzz(args) -> int:
     from kvcheck.fuzz import fuzz
     if args.seconds <= 0:
         raise UsageError("--seconds must be positive")
-    rep = fuzz(args.seconds, args.seed, args.backend, args.out)
+    from kvcheck.backends import parse_accept
+    accept = parse_accept(getattr(args, "accept", None), args.backend)
+    rep = fuzz(args.seconds, args.seed, args.backend, args.out, accept=accept)
     print(rep.render())
     return 1 if rep.found else 0
 

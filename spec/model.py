@@ -69,7 +69,7 @@ def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
     for i in range(start, end):
         p = r[i // P]
         c = list(s.content[p])
-        c[i % P] = tokens[i]
+        c[i % P] = tokens[i] if i < len(tokens) else -1   # arrays rewritten under it
         s.content[p] = tuple(c)
 
 
@@ -317,6 +317,35 @@ def _is_streaming(req: Req) -> bool:
     return req.session is not None
 
 
+ACCEPTED_INVARIANTS = {
+    "U1": ("I20", "I26"),   # two turns in flight; the live turn's prompt rewritten under it
+    "U2": ("I20", "I26", "I28"),
+    "U3": ("I20",),
+    "U6": ("I20",),
+}
+"""The invariants an accepted finding's known behaviour breaks on the spec itself. A spec
+that breaks anything else under `Config.accept` has left what the model follows (e.g.
+pages owned twice after U1, whose allocation order upstream does not share)."""
+
+
+def within_accepted(accept, violation_ids) -> bool:
+    allowed = {i for a in accept for i in ACCEPTED_INVARIANTS.get(a, ())}
+    return set(violation_ids) <= allowed
+
+
+def accepts(s: State, finding: str) -> bool:
+    """`Config.accept`: the spec takes upstream's recorded behaviour for this finding
+    (docs/upstream-findings.md) instead of the fix."""
+    return finding in s.cfg.accept
+
+
+def _aliases_arrays(s: State) -> bool:
+    """Upstream's in-place token arrays (`Session._share_token_arrays`) matter only once
+    a live turn shares the array a new turn is built on, which U1 and U2 allow; accepting
+    either takes that consequence too (the fixed spec gives each request its own)."""
+    return accepts(s, "U1") or accepts(s, "U2")
+
+
 def _free_kv_aligned(s: State, row: int, target: int, end: int) -> None:
     """Free row[ceil_align(target):end): the partial page stays attached."""
     r = s.rows[row]
@@ -384,7 +413,7 @@ def find_active_slot(s: State, req: Req):
     if req.to_finish:
         sid = req.session
         _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
         req.session = None
         return None
     return slot
@@ -399,10 +428,11 @@ def _drop_parked_turn(s: State, sid: int, req: Req) -> None:
         release_session(s, sid)
 
 
-def _abort_req(s: State, sid: int, req: Req) -> None:
-    """`Session.abort_req`. FIX(H3): clears _inflight only for the in-flight request."""
+def _abort_req(s: State, sid: int, req: Req, unconditional: bool = False) -> None:
+    """`Session.abort_req`. FIX(H3): clears _inflight only for the in-flight request;
+    `unconditional` is upstream's `self._inflight = False` (an accepted finding)."""
     sess = s.sessions.get(sid)
-    if sess is not None and sess.inflight_rid == req.rid:
+    if sess is not None and (unconditional or sess.inflight_rid == req.rid):
         sess.inflight_rid = None
 
 
@@ -411,9 +441,21 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     sess = s.sessions.get(sid)
     if sess is None:
         return
-    if sess.inflight_rid == req.rid:
-        sess.inflight_rid = None
+    if sess.inflight_rid == req.rid or accepts(s, "U1"):
+        sess.inflight_rid = None        # FIX(H3); upstream: `self._inflight = False`
     sess.checkpoint = req.fill_ids
+    sess.last_rid, sess.committed_origin = req.rid, req.origin
+    req.array_of = sid                  # req_nodes' request: the next turn extends its array
+
+
+def _sync_checkpoints(s: State) -> None:
+    """Upstream has no checkpoint copy: `create_req` reads req_nodes' request
+    (`origin_input_ids[:committed_origin_len] + output_ids[:max_new_tokens]`). A request
+    still live after its `finish_req` (a retract under accepted U2) moves it."""
+    for sess in s.sessions.values():
+        r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
+        if r is not None and r.array_of == sess.sid:
+            sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
 
 
 def _maybe_close(s: State, sid: int) -> None:
@@ -434,7 +476,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
             if slot is not None:
                 dec_lock_ref(s, slot.last_node)
                 del s.slots[sid]
-            _abort_req(s, sid, req)
+            _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
             req.session = None
             _release_plain(s, req, is_insert=True)
             return
@@ -446,7 +488,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
         req.locked = False              # the lock goes with the slot
         release_session(s, sid)
         req.row = None
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
         _mark_kv_freed(req)
         return
     is_first = slot is None
@@ -590,14 +632,19 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
     slot.protected = req.protected
 
 
-def _sync_borrowed(s: State) -> None:
+def _sync_borrowed(s: State, acting=None) -> None:
     """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
-    lengths are the turn's while it borrows it."""
-    for r in s.reqs.values():
+    lengths are the turn's while it borrows it. Two turns on one slot (only after an
+    accepted U1) share that one record: the operation's own turn wrote it last."""
+    borrowers = []
+    for r in sorted(s.reqs.values(), key=lambda r: r.rid == acting):
         slot = s.slots.get(r.session) if r.session is not None else None
         if slot is not None and r.row is not None and r.row == slot.row \
                 and r.last_node == ("virtual", r.session):
             slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
+            borrowers.append((r, slot))
+    for r, slot in borrowers:
+        r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
 
 
 def _prefill_done(s: State, req: Req) -> None:
@@ -704,8 +751,11 @@ def _abort_queued(s: State, req: Req) -> None:
     also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
     if _is_streaming(req):
         sid = req.session
+        if s.cfg.era == "wrapper" and accepts(s, "U3"):
+            del s.reqs[req.rid]         # 0.5.15 Scheduler.abort_request: no session call
+            return
         _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
     del s.reqs[req.rid]
 
 
@@ -723,6 +773,7 @@ def _pre_abort(req: Req) -> None:
     req.to_finish = True
     if not req.is_retracted:
         req.origin = ABORT_STUB_ORIGIN
+        req.array_of = None
 
 
 def _retract(s: State, req: Req) -> None:
@@ -730,7 +781,7 @@ def _retract(s: State, req: Req) -> None:
     _lookahead(s, req)
     if _is_streaming(req):
         req.finished_len = len(req.output)
-        try_cache_finished_req(s, req, checkpoint=False)
+        try_cache_finished_req(s, req, checkpoint=accepts(s, "U2"))
         req.finished_len = None
     else:
         _release_plain(s, req, is_insert=False)
@@ -751,10 +802,22 @@ def _submit_turn(s: State, op: O.SubmitTurn) -> str:
         s.reqs[op.rid] = Req(op.rid, op.sid, True, True, (0,), [], op.max_new_tokens,
                              to_finish=True)
         return "stub"
-    s.reqs[op.rid] = Req(op.rid, op.sid, True, False, sess.checkpoint + tuple(op.new_tokens),
-                         [], op.max_new_tokens)
+    origin = sess.checkpoint + tuple(op.new_tokens)
+    if sess.checkpoint and _aliases_arrays(s):
+        _share_token_arrays(s, op.sid, origin)
+    s.reqs[op.rid] = Req(op.rid, op.sid, True, False, origin, [], op.max_new_tokens,
+                         array_of=op.sid if sess.checkpoint else None)
     sess.inflight_rid = op.rid
     return "ok"
+
+
+def _share_token_arrays(s: State, sid: int, origin: tuple) -> None:
+    """Upstream `Session._share_token_arrays`: the new turn's origin_input_ids is the
+    checkpoint request's array, trimmed to the committed length and extended in place,
+    so every live request still on that array now reads the new turn's prompt."""
+    for r in s.reqs.values():
+        if r.array_of == sid:
+            r.origin = origin
 
 
 def _close_session(s: State, sid: int) -> str:
@@ -805,6 +868,10 @@ def enabled(s: State, op: O.Op) -> bool:
         return req.phase == "queued"
     if isinstance(op, O.AbortQueued):
         return req.phase == "queued"
+    if isinstance(op, O.QueueReject):
+        # at the queue door: not matched since it (re-)entered the queue (over-approximated:
+        # any time before its next schedule, not only at the door)
+        return req.phase == "queued" and req.last_node is None
     if isinstance(op, O.PreAbort):
         # before matching: to_finish is set when a request is created or re-queued,
         # never on one that already matched (a restored request holds the slot's row)
@@ -850,7 +917,7 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     elif isinstance(op, O.Finish):
         _finish(s, req)
         out = "ok"
-    elif isinstance(op, O.AbortQueued):
+    elif isinstance(op, (O.AbortQueued, O.QueueReject)):
         _abort_queued(s, req)
         out = "ok"
     elif isinstance(op, O.PreAbort):
@@ -872,5 +939,7 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     for sid in list(s.sessions):        # the scheduler loop's maybe_reap, after the round:
         _maybe_close(s, sid)            # a deferred close whose turn has ended is carried out
     if s.cfg.era == "borrow":
-        _sync_borrowed(s)
+        _sync_borrowed(s, getattr(op, "rid", None))
+    if s.cfg.accept:
+        _sync_checkpoints(s)
     return s, out

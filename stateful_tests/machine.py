@@ -38,7 +38,7 @@ STEPS = Counter()
 
 
 @st.composite
-def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None) -> Config:
+def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None, accept=()) -> Config:
     P = draw(st.sampled_from(page_sizes))
     if spec_enabled is None:
         spec_enabled = draw(st.booleans())
@@ -52,6 +52,7 @@ def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None) -> Config:
         max_drafts=3,
         overlap=draw(st.booleans()),
         era=era or draw(st.sampled_from(["wrapper", "wrapper", "wrapper", "borrow"])),
+        accept=tuple(accept),
     )
 
 
@@ -222,6 +223,13 @@ class KVMachine(RuleBasedStateMachine):
         if not self.rare(data, 5):
             return
         self.apply(O.AbortQueued(self.pick(data, "queued")))
+
+    @precondition(lambda self: self.has("queued"))
+    @rule(data=st.data())
+    def queue_reject(self, data):
+        if not self.rare(data, 5):
+            return
+        self.apply(O.QueueReject(self.pick(data, "queued")))
 
     @precondition(lambda self: self.has("queued"))
     @rule(data=st.data())
