@@ -140,7 +140,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     P = s.cfg.page_size
     child = s.nodes[child_id]
     new = Node(s.next_node_id, child.key[:split], child.pages[:split // P], child.parent,
-               {}, child.lock_ref, child.tick)
+               {}, child.lock_ref, _creation_tick(s, child.tick))
     s.next_node_id += 1
     s.nodes[new.id] = new
     parent = s.nodes[child.parent]
@@ -152,23 +152,37 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     return new.id
 
 
+def _creation_tick(s: State, borrow_tick: int) -> int:
+    """The tick of a node created by a walk. Wrapper era: `TreeNode()` reads
+    `time.monotonic()` after the walk's `access_time`, so a new node (a split's upper
+    half, a new leaf) is newer than every node the walk stamped, in creation order.
+    Borrow era: the walk's tick (the spec's rule, which 0.5.23's traces confirm)."""
+    if s.cfg.era == "wrapper":
+        s.tick += 1
+        return s.tick
+    return borrow_tick
+
+
 def _walk(s: State, key: tuple) -> tuple[int, int, list]:
     """The walk `match_prefix` and `insert` share: one access tick for the call, every
-    node on the path stamped with it (before a split too, so both halves carry it), a
-    node the key ends inside split. Returns (last node id, matched length, its pages)."""
+    node on the path stamped with it (before a split too, so the lower half carries it), a
+    node the key ends inside split (the new upper half: `_creation_tick`). Returns (last
+    node id, matched length, its pages)."""
     s.tick += 1
+    access = s.tick
     nid, pages, i = ROOT, [], 0
     while i < len(key):
         cid = s.nodes[nid].children.get(_page_key(s, key, i))
         if cid is None:
             break
         child = s.nodes[cid]
-        child.tick = s.tick
+        child.tick = access
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
             child = s.nodes[cid]
-        child.tick = s.tick
+        if s.cfg.era != "wrapper":
+            child.tick = access
         pages.extend(child.pages)
         i += m
         nid = cid
@@ -188,7 +202,8 @@ def insert(s: State, key: tuple, pages: list) -> int:
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
     if i < len(key):
-        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0, s.tick)
+        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
+                    _creation_tick(s, s.tick))
         s.next_node_id += 1
         s.nodes[leaf.id] = leaf
         s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
@@ -444,7 +459,11 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     if sess.inflight_rid == req.rid or accepts(s, "U1"):
         sess.inflight_rid = None        # FIX(H3); upstream: `self._inflight = False`
     sess.checkpoint = req.fill_ids
+    prev = s.reqs.get(sess.last_rid) if accepts(s, "U2") else None
+    if prev is not None:                # after an accepted U2: req_nodes' request still live
+        prev.session = None             # `prev_node.req.session = None` (even req itself)
     sess.last_rid, sess.committed_origin = req.rid, req.origin
+    sess.last_unfinished = req.finished_reason is None     # a retract under accepted U2
     req.array_of = sid                  # req_nodes' request: the next turn extends its array
 
 
@@ -458,10 +477,16 @@ def _sync_checkpoints(s: State) -> None:
             sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
 
 
+def _close_waits(sess: Session) -> bool:
+    """`SessionController._close` defers while `_inflight`, or while req_nodes' request
+    has not finished (possible only after an accepted U2: a retract ran finish_req)."""
+    return sess.inflight_rid is not None or sess.last_unfinished
+
+
 def _maybe_close(s: State, sid: int) -> None:
     """A deferred close is carried out once the turn in flight has ended."""
     sess = s.sessions.get(sid)
-    if sess is not None and sess.close_pending and sess.inflight_rid is None:
+    if sess is not None and sess.close_pending and not _close_waits(sess):
         release_session(s, sid)
         del s.sessions[sid]
 
@@ -742,6 +767,9 @@ def _finish(s: State, req: Req) -> None:
 
 def _abort_running(s: State, req: Req) -> None:
     req.finished_reason = "abort"
+    for sess in s.sessions.values():    # req_nodes' request finished (accepted U2)
+        if sess.last_rid == req.rid:
+            sess.last_unfinished = False
     release_kv_cache(s, req)
     del s.reqs[req.rid]
 
@@ -822,7 +850,7 @@ def _share_token_arrays(s: State, sid: int, origin: tuple) -> None:
 
 def _close_session(s: State, sid: int) -> str:
     sess = s.sessions[sid]
-    if sess.inflight_rid is not None:
+    if _close_waits(sess):
         sess.close_pending = True
         return "deferred"
     release_session(s, sid)

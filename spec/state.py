@@ -102,10 +102,11 @@ class Session:
     close_pending: bool = False         # close_on_finish
     last_rid: Optional[int] = None      # req_nodes' request (live only after an accepted U2)
     committed_origin: tuple = ()        # its origin_input_ids[:committed_origin_len]
+    last_unfinished: bool = False       # that request has not finished (accepted U2)
 
     def copy(self) -> "Session":
         return Session(self.sid, self.inflight_rid, self.checkpoint, self.close_pending,
-                       self.last_rid, self.committed_origin)
+                       self.last_rid, self.committed_origin, self.last_unfinished)
 
 
 @dataclass
