@@ -49,9 +49,9 @@ def _alloc_pages(s: State, n: int):
 def _free_pages(s: State, pages) -> None:
     """`free`: unique pages of one call return to the free list (a second call on the
     same page frees it again: the multiset shows it)."""
+    if any(p is None for p in pages):
+        raise ModelError("free of a row position that holds no KV index")
     for p in sorted(set(pages)):
-        if p is None:
-            raise ModelError("free of a row position that holds no KV index")
         bisect.insort(s.free_pages, p)
         s.content.pop(p, None)
 
@@ -679,7 +679,7 @@ def _prefill_done(s: State, req: Req) -> None:
     slot its admission lock and match length (DOMAIN.md 4.3). Otherwise
     `cache_unfinished_req(req)` publishes the prompt."""
     if req.to_finish:
-        req.finished_reason = "abort"
+        _finished(s, req, "abort")
         release_kv_cache(s, req)
         del s.reqs[req.rid]
         return
@@ -759,17 +759,23 @@ def _lookahead(s: State, req: Req) -> None:
 
 def _finish(s: State, req: Req) -> None:
     _lookahead(s, req)
-    req.finished_reason = "length"
+    _finished(s, req, "length")
     req.finished_len = min(len(req.output), req.max_new_tokens)
     release_kv_cache(s, req)
     del s.reqs[req.rid]
 
 
-def _abort_running(s: State, req: Req) -> None:
-    req.finished_reason = "abort"
-    for sess in s.sessions.values():    # req_nodes' request finished (accepted U2)
+def _finished(s: State, req: Req, reason: str) -> None:
+    """`finished_reason` is set; a session whose req_nodes' request it is (still live only
+    after an accepted U2) no longer waits for it to close."""
+    req.finished_reason = reason
+    for sess in s.sessions.values():
         if sess.last_rid == req.rid:
             sess.last_unfinished = False
+
+
+def _abort_running(s: State, req: Req) -> None:
+    _finished(s, req, "abort")
     release_kv_cache(s, req)
     del s.reqs[req.rid]
 
