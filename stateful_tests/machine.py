@@ -222,14 +222,9 @@ class KVMachine(RuleBasedStateMachine):
     def abort_queued(self, data):
         if not self.rare(data, 5):
             return
-        self.apply(O.AbortQueued(self.pick(data, "queued")))
-
-    @precondition(lambda self: self.has("queued"))
-    @rule(data=st.data())
-    def queue_reject(self, data):
-        if not self.rare(data, 5):
-            return
-        self.apply(O.QueueReject(self.pick(data, "queued")))
+        # a client abort (abort_request) or a refusal at the queue door (queue_reject)
+        drop = data.draw(st.sampled_from([O.AbortQueued, O.QueueReject]), label="drop")
+        self.apply(drop(self.pick(data, "queued")))
 
     @precondition(lambda self: self.has("queued"))
     @rule(data=st.data())
