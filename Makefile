@@ -9,6 +9,7 @@ SGLANG_VERSIONS ?= 0.5.15 0.5.23
 CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 TRACE ?=
+CHECK_FLAGS ?=
 
 .PHONY: venv check test fuzz replay explore prove selftest bench sglang-env check-sglang clean
 
@@ -22,7 +23,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 check: $(STAMP)
-	$(VENV)/bin/kvcheck check
+	$(VENV)/bin/kvcheck check $(CHECK_FLAGS)
 
 test: $(STAMP)
 	$(PY) -m pytest

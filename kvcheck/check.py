@@ -18,11 +18,13 @@ def _corpus(paths):
     return files
 
 
-def check_corpus(paths, backend: str, out=print) -> list:
-    """Replay every trace; returns the files whose outcome is not the expected one."""
+def check_corpus(paths, backend: str, out=print, record=None) -> list:
+    """Replay every trace; returns the files whose outcome is not the expected one.
+    `record(file, ok, text, seconds)` is told each replayed trace's verdict (CI reports)."""
     from kvcheck.trace import load
     bad = []
     for f in _corpus(paths):
+        t0 = time.monotonic()
         trace = load(f)
         if trace.expect.backend not in (None, "spec", "impl") and backend in ("spec", "impl"):
             continue        # a trace about another backend (e.g. an upstream release)
@@ -30,9 +32,12 @@ def check_corpus(paths, backend: str, out=print) -> list:
                 (UPSTREAM / f"{f.stem}-{backend.replace(':', '-')}.json").exists():
             continue        # a recorded upstream finding replaces this expectation there
         res, ok = replay_trace(trace, backend, verbose=False)
+        text = res.failure.render() if res.failure else "passed"
         if not ok:
             bad.append(f)
-            out(f"  UNEXPECTED {f}: " + (res.failure.render() if res.failure else "passed"))
+            out(f"  UNEXPECTED {f}: " + text)
+        if record is not None:
+            record(f, ok, text if not ok else "", time.monotonic() - t0)
     return bad
 
 
@@ -40,14 +45,20 @@ def cmd_check(args) -> int:
     from hypothesis import settings
     from hypothesis.stateful import run_state_machine_as_test
 
-    from kvcheck.backends import resolve
+    from kvcheck.backends import parse_accept, resolve
     from kvcheck.fuzz import _shrink_and_write
     from stateful_tests import machine as M
     from stateful_tests import profiles  # noqa: F401
 
-    results = []
+    from kvcheck.ciformat import Case, write_reports
+    accept = parse_accept(getattr(args, "accept", None), args.backend)   # a usage error: exit 2
+    results, cases, current = [], [], ["parts"]
+
+    def record(f, ok, text, seconds):
+        cases.append(Case(current[0], Path(f).stem, ok, seconds, text, str(f)))
 
     def part(name, fn):
+        current[0] = name
         t0 = time.monotonic()
         print(f"== {name}", flush=True)
         try:
@@ -56,6 +67,7 @@ def cmd_check(args) -> int:
             ok, detail = False, f"{type(e).__name__}: {e}"
         dt = time.monotonic() - t0
         results.append((name, ok, dt, detail))
+        cases.append(Case.part(name, ok, dt, detail))
         print(f"   {'ok' if ok else 'FAILED'} ({dt:.1f} s) {detail}", flush=True)
 
     def corpus():
@@ -64,13 +76,12 @@ def cmd_check(args) -> int:
             version = args.backend.split(":", 1)[1]
             paths += sorted(UPSTREAM.glob(f"*-sglang-{version}.json"))
         files = _corpus(paths)
-        bad = check_corpus(paths, args.backend)
+        bad = check_corpus(paths, args.backend, record=record)
         return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected"
 
     def differential():
-        from kvcheck.backends import known_findings, parse_accept, release_era
+        from kvcheck.backends import known_findings, release_era
         factory, bname = resolve(args.backend)
-        accept = parse_accept(getattr(args, "accept", None), args.backend)
         skip = known_findings(args.backend, accept)
         era = release_era(args.backend)
         M.COVERAGE.clear(), M.STEPS.clear(), M.LAST_FAILURE.clear()
@@ -115,11 +126,14 @@ def cmd_check(args) -> int:
         files = sorted((REGRESSIONS / "planted").glob("*.json"))
         missed = []
         for f in files:
+            t0 = time.monotonic()
             t = load(f)
             with faults.planted(t.meta["planted_fault"]):
                 res, ok = replay_trace(t, "impl", verbose=False)
             if not ok:
                 missed.append(f.stem)
+            record(f, ok, "" if ok else "missed: " + (res.failure.render() if res.failure
+                                                     else "passed"), time.monotonic() - t0)
         return not missed, (f"{len(files) - len(missed)}/{len(files)} planted-fault traces still caught"
                             + (f"; MISSED: {missed}" if missed else ""))
 
@@ -134,4 +148,6 @@ def cmd_check(args) -> int:
     failed = [r for r in results if not r[1]]
     total = sum(r[2] for r in results)
     print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in {total:.1f} s")
+    write_reports(cases, total, args.junit_xml, args.json, backend=args.backend,
+                  examples=args.examples, seeds={"differential": "derandomized (profile kvcheck-check)"})
     return 1 if failed else 0

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from spec.abstract import AbstractState, canonical, diff
 from spec.config import Config
 from spec.invariants import check_state, check_step
-from spec.model import ModelError, enabled, initial_state, step, within_accepted
+from spec.model import ModelError, initial_state, refusal, step, within_accepted
 from spec.ops import Op
 from spec.view import abstract
 from spec.violations import Violation
@@ -72,6 +72,7 @@ class StepRecord:
     outcome: str
     spec_state: AbstractState
     backend_outcome: Optional[str] = None
+    backend_state: Optional[AbstractState] = None   # the backend's abstract state after op
 
 
 @dataclass
@@ -107,9 +108,10 @@ class Lockstep:
         rec = StepRecord(i, op, "", self.prev)
         if self.beyond:
             return rec, None
-        if not enabled(self.state, op):
+        reason = refusal(self.state, op)
+        if reason is not None:
             return rec, Failure(i, op, DISABLED, "spec",
-                                details=["the spec's guard refuses this operation here"])
+                                details=[f"the spec's guard refuses this operation here: {reason}"])
         try:
             s, out = step(self.state, op)
         except ModelError as e:
@@ -190,6 +192,7 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec,
     except Exception as e:  # the system under test crashed: that is a finding
         return Failure(i, op, EXCEPTION, name, details=_tb(e))
     rec.backend_outcome = out
+    rec.backend_state = b_impl
     backend._kvcheck_prev = b_impl
     vs = list(concrete) + check_state(b_impl, cfg)
     if prev is not None:

@@ -1,14 +1,28 @@
 """kvcheck: the command line. `kvcheck --help` lists the subcommands; each command's
-body lives in its own module (replay, check, selftest, explore, proofs)."""
+body lives in its own module (replay, check, selftest, explore, proofs).
+
+The contract CI relies on: exit 0 nothing found, 1 a finding, 2 a usage or input error
+(one line, `kvcheck CMD: error: ...`, before any work starts), 130 interrupted. Flag
+values are checked by the type= callables of kvcheck/argtypes.py while parsing.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from kvcheck.check import cmd_check
-from kvcheck.errors import UsageError
-from kvcheck.replay import cmd_replay
-from kvcheck.selftest import cmd_fuzz, cmd_selftest
+from kvcheck import argtypes as T
+from kvcheck.backends import BackendError
+from kvcheck.errors import ROOT, UsageError
+
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_CODES = """exit codes (every command):
+  0    nothing found
+  1    a finding: a violation, a divergence, a missed planted fault
+  2    a usage or input error (one line on stderr, before any work)
+  130  interrupted"""
+FAILURES = ROOT / "failures"
+HYPOTHESIS_HOME = ROOT / ".hypothesis"
 
 
 def cmd_explore(args) -> int:
@@ -20,80 +34,163 @@ def cmd_prove(args) -> int:
     import proofs
     res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair)
     print(proofs.report(res))
-    return 0 if proofs.ok(res) else 1
+    return EXIT_OK if proofs.ok(res) else EXIT_FINDING
+
+
+def cmd_explain(args) -> int:
+    from kvcheck.failures import explain, failure_ids, listing
+    if not args.ids:
+        print("failure ids:\n" + listing())
+        return EXIT_OK
+    unknown = [i for i in args.ids if i not in failure_ids()]
+    if unknown:
+        raise UsageError(f"unknown failure id(s) {unknown}; `kvcheck explain` lists them all")
+    print("\n".join(explain(i) for i in args.ids))
+    return EXIT_OK
 
 
 # ---------------------------------------------------------------------------
 
+class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown after each option's help; descriptions and examples kept as written."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Reports a usage error as one line, `kvcheck CMD: error: ...`, and exits 2."""
+
+    def error(self, message):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("kvcheck")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _command(sub, name: str, summary: str, example: str, fn):
+    p = sub.add_parser(name, help=summary, description=f"{summary}\n\nexample:\n  {example}",
+                       formatter_class=Formatter)
+    p.set_defaults(fn=fn)
+    return p
+
+
+def _backend_flag(p, default="impl", what="system under test"):
+    p.add_argument("--backend", type=T.backend, default=default,
+                   help=f"{what}: {T.BACKENDS_HELP}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvcheck",
-        description="Model checker for the KV-cache bookkeeping of SGLang streaming sessions.")
+    from kvcheck.check import cmd_check
+    from kvcheck.replay import cmd_replay
+    from kvcheck.selftest import cmd_fuzz, cmd_selftest
+
+    p = Parser(prog="kvcheck", formatter_class=Formatter,
+               description="Model checker for the KV-cache bookkeeping of SGLang streaming sessions.",
+               epilog=EXIT_CODES + "\n\nfailure ids in reports: I* spec invariants, C* concrete "
+                      "checks, L* upstream leak checks, D1/D2 divergence, E1 exception, M1 "
+                      "upstream assertion, X1 refused operation; `kvcheck explain ID` says more.")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    c = sub.add_parser("check", help="invariant verification within a fixed budget (what `make check` runs)")
-    c.add_argument("--backend", default="impl", help="system under test: impl (default), spec, sglang[:VERSION]")
-    c.add_argument("--examples", type=int, default=100, help="differential sequences (default 100)")
-    c.add_argument("--out", default="failures", help="where failure traces go (default failures/)")
+    c = _command(sub, "check", "invariant verification within a fixed budget (what `make check` runs)",
+                 "kvcheck check --junit-xml kvcheck.xml --json kvcheck.json", cmd_check)
+    _backend_flag(c)
+    c.add_argument("--examples", type=T.positive_int, default=100,
+                   help="differential sequences, half without and half with speculative decoding")
+    c.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where failure traces go")
+    c.add_argument("--skip-explore", action="store_true", help="leave out exhaustive exploration")
+    c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
+    c.add_argument("--junit-xml", type=T.writable_file, metavar="FILE",
+                   help="also write a JUnit XML report (one test case per part and per corpus trace)")
+    c.add_argument("--json", type=T.writable_file, metavar="FILE",
+                   help="also write a JSON summary (parts, failures, trace paths, seeds, timings)")
     c.add_argument("--accept", help="recorded upstream findings whose behaviour the spec takes, "
-                   "e.g. U1,U2 (spec or sglang backends; default: the fixed behaviour)")
-    c.add_argument("--skip-explore", action="store_true")
-    c.add_argument("--skip-proofs", action="store_true")
-    c.set_defaults(fn=cmd_check)
+                   "e.g. U1,U2 (spec or sglang backends; default: none, the fixed behaviour)")
 
-    f = sub.add_parser("fuzz", help="randomised differential runs for a time budget")
-    f.add_argument("--seconds", type=float, default=60)
-    f.add_argument("--seed", type=int, default=None, help="recorded and printed; rerun with it")
-    f.add_argument("--backend", default="impl")
-    f.add_argument("--out", default="failures", help="where shrunk failure traces go (default failures/)")
+    f = _command(sub, "fuzz", "randomised differential runs for a time budget",
+                 "kvcheck fuzz --seconds 300 --seed 7", cmd_fuzz)
+    f.add_argument("--seconds", type=T.positive_float, default=60.0, help="time budget")
+    f.add_argument("--seed", type=T.seed, default=None,
+                   help="recorded and printed; rerun with it (None: a random seed)")
+    _backend_flag(f)
+    f.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where shrunk failure traces go")
     f.add_argument("--accept", help="recorded upstream findings whose behaviour the spec takes, "
-                   "e.g. U1,U2 (spec or sglang backends)")
-    f.set_defaults(fn=cmd_fuzz)
+                   "e.g. U1,U2 (spec or sglang backends; default: none, the fixed behaviour)")
 
-    r = sub.add_parser("replay", help="run one trace on the spec and a backend, step by step")
-    r.add_argument("trace")
-    r.add_argument("--backend", default="impl", help="spec, impl (default), sglang[:VERSION]")
+    r = _command(sub, "replay", "run one trace on the spec and a backend, step by step",
+                 "kvcheck replay stateful_tests/regressions/worked_example_5_4.json", cmd_replay)
+    r.add_argument("trace", help="a trace file (docs/trace.schema.json)")
+    r.add_argument("--backend", type=T.backend, default=None,
+                   help=f"{T.BACKENDS_HELP}; None: the trace's recorded upstream release "
+                        "when it names one, else impl")
+    r.add_argument("--plant", metavar="FAULT", default=None,
+                   help="switch on a planted fault of impl/faults.py; None: the trace's "
+                        "#meta.planted_fault, if any")
     r.add_argument("-q", "--quiet", action="store_true", help="only the verdict")
-    r.set_defaults(fn=cmd_replay)
+    r.add_argument("--state", type=int, metavar="N",
+                   help="print the full state of every side after step N (-1: initial)")
+    r.add_argument("--grid", action="store_true", help="print the page x step owner grid")
+    r.add_argument("--html", type=T.writable_file, metavar="FILE",
+                   help="write the self-contained HTML report to FILE")
+    r.add_argument("--emit-pytest", type=T.writable_file, metavar="OUT.py",
+                   help="write a standalone pytest test that replays the trace on --backend")
+    r.add_argument("--itf", type=T.writable_file, metavar="FILE",
+                   help="write the run as an ITF trace (Apalache/Quint)")
 
-    s = sub.add_parser("selftest", help="fuzz against each planted fault in impl/; all must be caught")
-    s.add_argument("--seconds", type=float, default=60, help="budget per fault (default 60)")
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--shrink-seconds", type=float, default=30)
-    s.add_argument("--out", default="failures/selftest")
+    s = _command(sub, "selftest", "fuzz against each planted fault in impl/; all must be caught",
+                 "kvcheck selftest --seconds 20 free_tail_unaligned", cmd_selftest)
+    s.add_argument("--seconds", type=T.positive_float, default=60.0, help="budget per fault")
+    s.add_argument("--seed", type=T.seed, default=1, help="the fuzz seed for every fault")
+    s.add_argument("--shrink-seconds", type=T.positive_float, default=30.0,
+                   help="shrinking budget per fault")
+    s.add_argument("--out", type=T.writable_dir, default=FAILURES / "selftest",
+                   help="where the traces go")
     s.add_argument("faults", nargs="*", help="fault names (default: all)")
-    s.set_defaults(fn=cmd_selftest)
 
-    e = sub.add_parser("explore", help="exhaustive bounded exploration of the spec (BFS)")
-    try:
-        from kvcheck import explore as X
-        X.add_arguments(e)
-    except ImportError:
-        pass
-    e.set_defaults(fn=cmd_explore)
+    e = _command(sub, "explore", "exhaustive bounded exploration of the spec (BFS)",
+                 "kvcheck explore --preset check --max-states 100000", cmd_explore)
+    from kvcheck import explore as X
+    X.add_arguments(e)
 
-    pr = sub.add_parser("prove", help="z3 lemmas, inductive accounting, CrossHair contracts")
+    pr = _command(sub, "prove", "z3 lemmas, inductive accounting, CrossHair contracts",
+                  "kvcheck prove -v --no-crosshair", cmd_prove)
     pr.add_argument("-v", "--verbose", action="store_true", help="print each result as it finishes")
     pr.add_argument("--no-crosshair", action="store_true", help="z3 only, skip the CrossHair run")
-    pr.set_defaults(fn=cmd_prove)
+
+    x = _command(sub, "explain", "what a failure id (I*, C*, L*, D1, D2, E1, M1, X1) means",
+                 "kvcheck explain I20 X1", cmd_explain)
+    x.add_argument("ids", nargs="*", metavar="ID", help="failure ids (default: list them all)")
     return p
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "fn", None):
-        parser.print_help()
-        return 2
-    from kvcheck.backends import BackendError
+    # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME))
+    cmd = "kvcheck"
     try:
+        parser = build_parser()
+        try:
+            args, extra = parser.parse_known_args(argv)
+            if extra:                            # named by the subcommand that got them
+                commands = parser._subparsers._group_actions[0].choices
+                commands.get(getattr(args, "cmd", None), parser).error(
+                    f"unrecognized arguments: {' '.join(extra)}")
+        except SystemExit as e:                  # --help, --version, a usage error
+            return e.code if isinstance(e.code, int) else EXIT_USAGE
+        if not getattr(args, "fn", None):
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
+        cmd = f"kvcheck {args.cmd}"
         return args.fn(args)
     except (UsageError, BackendError) as e:
-        print(f"kvcheck {args.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        print(f"{cmd}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        print(f"kvcheck {args.cmd}: interrupted", file=sys.stderr)
-        return 130
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -31,9 +31,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+from kvcheck import argtypes as T
+from kvcheck.errors import ROOT as PROJECT
 from spec import model as M
 from spec import ops as O
-from spec.config import Config, ConfigError
+from spec.config import ERAS, Config, ConfigError
 from spec.invariants import STEP_INVARIANTS, check_state, check_step
 from spec.state import ROOT, State
 from spec.view import abstract
@@ -835,9 +837,12 @@ def to_trace(res: Result, v: Found):
 
 def _ints(text: str) -> tuple:
     try:
-        return tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
+        vals = tuple(int(x) for x in text.replace(" ", "").split(",") if x != "")
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        vals = (-1,)
+    if any(v < 0 for v in vals):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return vals
 
 
 def _word_list(text: str) -> tuple:
@@ -855,39 +860,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "(default check); the flags below override its fields")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     g = p.add_argument_group("scope")
-    g.add_argument("--page-size", type=int)
-    g.add_argument("--pages", type=int, help="num_pages")
-    g.add_argument("--rows", type=int, help="num_rows")
-    g.add_argument("--context", type=int, help="max_context_len")
-    g.add_argument("--chunk-size", type=int, help="chunked prefill budget (0: off)")
-    g.add_argument("--spec", dest="spec_enabled", action=argparse.BooleanOptionalAction)
-    g.add_argument("--max-drafts", type=int)
-    g.add_argument("--overlap", action=argparse.BooleanOptionalAction)
-    g.add_argument("--era", choices=("wrapper", "borrow"))
-    g.add_argument("--sessions", type=int, help="session ids 1..N")
-    g.add_argument("--plain", type=int, help="plain requests live at once")
-    g.add_argument("--max-live", type=int, help="requests live at once")
+    g.add_argument("--page-size", type=T.positive_int, help="page_size")
+    g.add_argument("--pages", type=T.positive_int, help="num_pages")
+    g.add_argument("--rows", type=T.positive_int, help="num_rows")
+    g.add_argument("--context", type=T.positive_int, help="max_context_len")
+    g.add_argument("--chunk-size", type=T.nonnegative_int, help="chunked prefill budget (0: off)")
+    g.add_argument("--spec", dest="spec_enabled", action=argparse.BooleanOptionalAction,
+                   help="speculative decoding (spec_enabled)")
+    g.add_argument("--max-drafts", type=T.positive_int, help="max_drafts")
+    g.add_argument("--overlap", action=argparse.BooleanOptionalAction, help="overlap scheduler")
+    g.add_argument("--era", choices=ERAS, help="upstream era")
+    g.add_argument("--sessions", type=T.nonnegative_int, help="session ids 1..N")
+    g.add_argument("--plain", type=T.nonnegative_int, help="plain requests live at once")
+    g.add_argument("--max-live", type=T.positive_int, help="requests live at once")
     g.add_argument("--prompts", type=_word_list, help="plain prompts, e.g. '2,2,3;2,3'")
     g.add_argument("--turns", type=_word_list, help="turn new_tokens, e.g. '2;2,2,2'")
     g.add_argument("--alphabet", type=_ints, help="with --lengths: every prompt and turn over it")
     g.add_argument("--lengths", type=_ints, help="prompt lengths for --alphabet")
     g.add_argument("--max-new", type=_ints, help="max_new_tokens choices, e.g. 1,2")
-    g.add_argument("--decode-tokens", type=_ints)
+    g.add_argument("--decode-tokens", type=_ints, help="token choices of decode steps")
     g.add_argument("--evict", type=_ints, help="Evict(num_tokens) choices ('' for none)")
     g.add_argument("--reject", action=argparse.BooleanOptionalAction,
                    help="also try schedule(admit=false)")
-    g.add_argument("--max-depth", type=int)
+    g.add_argument("--max-depth", type=T.positive_int, help="operations per path")
     b = p.add_argument_group("search")
     b.add_argument("--no-symmetry", action="store_true", help="no symmetry reduction")
     b.add_argument("--compare", action="store_true",
                    help="run with and without symmetry reduction and compare")
     b.add_argument("--all", dest="all_violations", action="store_true",
                    help="keep going after a violation: the shortest trace per invariant")
-    b.add_argument("--max-states", type=int, help="stop cleanly after this many states")
-    b.add_argument("--max-seconds", type=float, help="stop cleanly after this many seconds")
+    b.add_argument("--max-states", type=T.positive_int, help="stop cleanly after this many states")
+    b.add_argument("--max-seconds", type=T.positive_float, help="stop cleanly after this many seconds")
     b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
-    b.add_argument("--out", default="failures/explore",
-                   help="directory for counterexample traces (default failures/explore)")
+    b.add_argument("--out", type=T.writable_dir, default=PROJECT / "failures" / "explore",
+                   help="directory for counterexample traces")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     b.add_argument("--strict-coverage", action="store_true",
                    help="exit 1 when an applicable reachability goal is not reached")
@@ -944,7 +950,7 @@ def main(args) -> int:
     try:
         scopes = scopes_from_args(args)
     except (ValueError, ConfigError) as e:
-        print(f"kvcheck explore: {e}", file=sys.stderr)
+        print(f"kvcheck explore: error: {e}", file=sys.stderr)
         return 2
     rc = 0
     prog = None if getattr(args, "quiet", False) else _progress
@@ -962,6 +968,8 @@ def main(args) -> int:
                 path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
                 to_trace(res, v).save(path)
                 print(f"  trace: {path}  (replay: kvcheck replay {path})")
+                from kvcheck.html_report import write_html_report
+                print(f"  report: {write_html_report(path, backend='spec')}")
             if res.violations:
                 rc = 1
             gaps = missed(res)

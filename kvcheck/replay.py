@@ -1,69 +1,256 @@
-"""`kvcheck replay`: one trace on the spec and a backend, step by step."""
+"""`kvcheck replay`: one trace on the spec and a backend, step by step, read like a
+debugger: per step the operation, both outcomes and what changed (raw page and row ids,
+stable through the trace); at the failing step the full state of both sides with the
+differing fields marked. `--state N`, `--grid`, `--html`, `--emit-pytest` and `--itf`
+give the other views of the same run (kvcheck.render, kvcheck.html_report,
+kvcheck.emit_pytest, kvcheck.itf)."""
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+from kvcheck.checker import Lockstep, RunResult
 from kvcheck.errors import UsageError
 
 
-def replay_trace(trace, backend_name: str, *, verbose: bool = True, out=print):
-    """Run one trace; returns (result, matches_expectation)."""
-    from kvcheck.backends import resolve
-    from kvcheck.checker import run_ops
-    from spec.abstract import canonical, diff
+@dataclass
+class ReplayResult(RunResult):
+    """A run with every step's record, the failing one included, and the states
+    before step 0: `states(side)` is [initial, after step 0, after step 1, ...]."""
+    backend_name: str = "spec"
+    initial: tuple = (None, None)      # (spec, backend) AbstractState before step 0
 
+    @property
+    def sides(self) -> tuple:
+        return ("spec",) if self.backend_name == "spec" else ("spec", self.backend_name)
+
+    def states(self, side: str) -> list:
+        if side == "spec":
+            return [self.initial[0]] + [r.spec_state for r in self.records]
+        return [self.initial[1]] + [r.backend_state for r in self.records]
+
+    def state_at(self, side: str, step: int):
+        """The state after step `step` (-1: before step 0)."""
+        return self.states(side)[step + 1]
+
+
+def expected_failure(exp, backend_name: str) -> Optional[tuple]:
+    """(invariant, step or None, side or None) that the trace expects on this backend,
+    or None where it expects every step to pass (a trace about another backend passes
+    here)."""
+    if exp.result == "pass" or exp.backend not in (None, "spec", backend_name):
+        return None
+    return exp.invariant, exp.step, exp.backend
+
+
+def matches_expectation(exp, failure, backend_name: str) -> bool:
+    """Whether a run's first failure (or None) is what the trace expects."""
+    want = expected_failure(exp, backend_name)
+    if failure is None or want is None:
+        return failure is None and want is None
+    inv, step, side = want
+    return inv == failure.id and step in (None, failure.step) and side in (None, failure.side)
+
+
+def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
+    """Run the trace on the spec and the named backend (kvcheck.backends) in lockstep
+    until the first failure; `on_step(record, failure, result)` after every step."""
+    from kvcheck.backends import resolve
     factory, bname = resolve(backend_name)
     backend = factory(trace.config) if factory else None
-    prev = [None]
-
-    def on_step(rec):
-        if not verbose:
-            return
-        b = canonical(rec.spec_state)
-        change = diff(prev[0], b, "before", "after") if prev[0] is not None else []
-        prev[0] = b
-        bo = f" | {bname}: {rec.backend_outcome}" if rec.backend_outcome is not None else ""
-        out(f"step {rec.index:3d}  {rec.op}  -> {rec.outcome}{bo}")
-        for line in change[:12]:
-            out(f"          {line}")
-        if len(change) > 12:
-            out(f"          ... {len(change) - 12} more changes")
-
-    if verbose:
-        from spec.model import initial_state
-        from spec.view import abstract
-        prev[0] = canonical(abstract(initial_state(trace.config)))
-        out(f"config: {trace.config.to_json()}")
-        out(f"backend: {bname}; {len(trace.ops)} operations")
     try:
-        res = run_ops(trace.config, trace.ops, backend, backend_name=bname, on_step=on_step)
+        lock = Lockstep(trace.config, backend, bname)
+        res = ReplayResult(0, None, [], bname,
+                           (lock.prev, backend.abstract() if backend is not None else None))
+        for op in trace.ops:
+            rec, fail = lock.apply(op)
+            res.records.append(rec)
+            res.failure, res.steps = fail, rec.index + (fail is None)
+            if on_step is not None:
+                on_step(rec, fail, res)
+            if fail is not None:
+                break
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()
-    exp = trace.expect
-    if res.failure is None:
-        matches = exp.result == "pass" or (exp.backend not in (None, "spec", bname))
-    else:
-        matches = (exp.result == "violation" and exp.invariant == res.failure.id
-                   and (exp.step is None or exp.step == res.failure.step)
-                   and exp.backend in (None, res.failure.side))
-    return res, matches
+    return res
+
+
+def replay_trace(trace, backend_name: str, *, verbose: bool = True, out=print):
+    """Run one trace; returns (ReplayResult, matches_expectation). Verbose: print each
+    step as it runs (kvcheck.render)."""
+    def print_step(rec, fail, res):
+        for line in step_report(res, rec, fail):
+            out(line)
+    if verbose:
+        out(f"config: {json.dumps(trace.config.to_json())}")
+        out(f"backend: {backend_name}; {len(trace.ops)} operations")
+    res = run_replay(trace, backend_name, print_step if verbose else None)
+    return res, matches_expectation(trace.expect, res.failure, res.backend_name)
+
+
+def step_report(res: ReplayResult, rec, fail) -> list[str]:
+    """One step as text: the operation, both outcomes, what changed on each side (once
+    when both changed alike); at a failure, the full state of both sides."""
+    from kvcheck.render import step_lines
+    i, b = rec.index, res.backend_name
+    outs = f"spec {rec.outcome or '-'}"
+    if b != "spec":
+        outs += f" | {b} {rec.backend_outcome if rec.backend_outcome is not None else '-'}"
+    lines = [f"step {i:3d}  {rec.op}  -> {outs}"]
+    per_side = {side: step_lines(res.state_at(side, i - 1), res.state_at(side, i))
+                for side in res.sides
+                if res.state_at(side, i - 1) is not None and res.state_at(side, i) is not None}
+    blocks = list(per_side.values())
+    if len(blocks) == 2 and blocks[0] == blocks[1]:
+        per_side = {"": blocks[0]}
+    indent = "          "
+    for side, block in per_side.items():
+        if not side or len(res.sides) == 1:
+            lines += [indent + x for x in block]
+            continue
+        other = [x for s, blk in per_side.items() if s != side for x in blk]
+        marked = len(per_side) > 1
+        lines.append(f"{indent}{side}{' (* only this side)' if marked else ''}:"
+                     + ("" if block else " no change"))
+        lines += [f"{indent}{'* ' if marked and x not in other else '  '}{x}" for x in block]
+    if fail is not None:
+        lines += [f"          full state after step {i}, where it fails:"] + \
+            ["        " + x for x in full_state_lines(res, i)]
+    return lines
+
+
+def full_state_lines(res: ReplayResult, step: int) -> list[str]:
+    """The full state of every side after `step`, side by side when there are two."""
+    from kvcheck.render import state_lines
+    a = res.state_at("spec", step)
+    if len(res.sides) == 1:
+        return state_lines(a)
+    b = res.state_at(res.backend_name, step)
+    if b is None:
+        return [f"  ({res.backend_name} has no state at this step; the spec's:)"] + state_lines(a)
+    return state_lines(a, b, res.sides)
+
+
+def step_labels(res: ReplayResult) -> list:
+    return ["init"] + [r.index for r in res.records]
+
+
+def views_only(args) -> bool:
+    """--state and --grid replace the step-by-step listing."""
+    return getattr(args, "state", None) is not None or getattr(args, "grid", False)
+
+
+def write_views(args, trace, res: ReplayResult, out=print) -> None:
+    """The views the replay flags ask for, of a finished run: --state N, --grid (text);
+    --html, --emit-pytest, --itf (files, each path printed)."""
+    from kvcheck.render import grid_lines
+    last = len(res.records) - 1
+    if getattr(args, "state", None) is not None:
+        if not -1 <= args.state <= last:
+            raise UsageError(f"--state {args.state}: the run has steps 0..{last} "
+                             f"(-1: the initial state)")
+        op = "initial state" if args.state < 0 else str(res.records[args.state].op)
+        out(f"state after step {args.state} ({op}):")
+        for line in full_state_lines(res, args.state):
+            out(line)
+    if getattr(args, "grid", False):
+        for side in res.sides:
+            for line in grid_lines(res.states(side), step_labels(res), side):
+                out(line)
+    if getattr(args, "html", None):
+        from kvcheck.html_report import write_html_report
+        path = _writing("--html", args.html, lambda: write_html_report(
+            args.trace, res.backend_name, out=args.html, result=res))
+        out(f"html report: {path}")
+    if getattr(args, "emit_pytest", None):
+        from kvcheck.emit_pytest import write_pytest
+        path = _writing("--emit-pytest", args.emit_pytest, lambda: write_pytest(
+            trace, args.emit_pytest, res.backend_name, source=args.trace))
+        out(f"pytest test: {path}")
+    if getattr(args, "itf", None):
+        from kvcheck.itf import write_itf
+        path = _writing("--itf", args.itf, lambda: write_itf(trace, res, args.itf, source=args.trace))
+        out(f"ITF trace: {path}")
+
+
+def _writing(flag: str, target, write):
+    """Run a writer; a file that cannot be written is a usage error naming the flag."""
+    try:
+        return write()
+    except OSError as e:
+        raise UsageError(f"{flag} {target}: cannot write: {e.strerror or e}") from None
+
+
+def replay_backend(flag, trace) -> tuple[str, str]:
+    """(backend to replay on, a line saying why when it is not the flag's): an upstream
+    trace (expect.backend sglang-X) runs on its recorded release unless --backend says
+    otherwise."""
+    recorded = trace.expect.backend or ""
+    if flag is not None or not recorded.startswith("sglang"):
+        return flag or "impl", ""
+    import argparse
+    from kvcheck.argtypes import backend
+    name = recorded.replace("sglang-", "sglang:", 1)
+    try:
+        backend(name)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"the trace was recorded on {recorded}, which cannot run here ({e}); "
+                         f"build it, or replay on another system with --backend impl") from None
+    return name, f"backend: {name}, the release the trace was recorded on (--backend to change)"
+
+
+def replay_fault(flag, trace, backend_name: str) -> tuple:
+    """(planted fault to switch on or None, a line saying so)."""
+    from impl import faults
+    name = flag or trace.meta.get("planted_fault")
+    if name is None:
+        return None, ""
+    if name not in faults.FAULTS:
+        where = "--plant" if flag else "#meta.planted_fault"
+        raise UsageError(f"{where}: unknown planted fault {name!r}; known: "
+                         f"{', '.join(sorted(faults.FAULTS))}")
+    if backend_name != "impl":
+        if flag:
+            raise UsageError(f"--plant: planted faults live in impl/, not in --backend {backend_name}")
+        return None, ""
+    why = "--plant" if flag else "the trace's #meta.planted_fault"
+    return name, f"planted fault {name} switched on in impl ({why})"
 
 
 def cmd_replay(args) -> int:
+    import contextlib
+
+    from impl import faults
     from kvcheck.backends import BackendError
     from kvcheck.trace import TraceError, load
     try:
         trace = load(args.trace)
     except TraceError as e:
         raise UsageError(str(e))
+    backend_name, why_backend = replay_backend(args.backend, trace)
+    fault, why_fault = replay_fault(args.plant, trace, backend_name)
+    for line in (why_backend, why_fault):
+        if line:
+            print(line)
     try:
-        res, matches = replay_trace(trace, args.backend, verbose=not args.quiet)
+        with faults.planted(fault) if fault else contextlib.nullcontext():
+            res, matches = replay_trace(trace, backend_name,
+                                        verbose=not args.quiet and not views_only(args))
     except BackendError as e:
         raise UsageError(str(e))
+    write_views(args, trace, res)
     exp = trace.expect
     if res.failure is None:
         print(f"PASS: {res.steps} steps, every invariant held and the states agreed")
     else:
         print(res.failure.render())
     want = "pass" if exp.result == "pass" else f"{exp.invariant} at step {exp.step} on {exp.backend or 'any side'}"
+    if exp.backend not in (None, "spec", backend_name.replace(":", "-", 1)):
+        # the expectation is about another system: judge this run alone
+        print(f"expected: {want} -> not checked here (replayed on {backend_name}; "
+              f"--backend {exp.backend.replace('sglang-', 'sglang:', 1)} checks it)")
+        return 0 if res.failure is None else 1
     print(f"expected: {want} -> {'as expected' if matches else 'NOT as expected'}")
     return 0 if matches else 1

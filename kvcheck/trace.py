@@ -10,8 +10,10 @@ little (a `#meta` object; `states` with `#meta.index` when a trace records them)
              or {"result": "violation", "invariant": "I2", "step": 7, "backend": "impl"}
     }
 
-Every error while reading a trace is a TraceError whose message names the file and
-the place; nothing here lets a traceback reach the user.
+The format is kvcheck/schema.py's JSON Schema (published as docs/trace.schema.json,
+generated from spec/ops.py and spec/config.py). Every error while reading a trace is a
+TraceError whose one-line message names the file, the field and what it allows; nothing
+here lets a traceback reach the user.
 """
 from __future__ import annotations
 
@@ -20,11 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from kvcheck.schema import FORMAT, FORMAT_VERSION, first_error
 from spec.config import Config, ConfigError
-from spec.ops import Op, OpError, op_from_json
-
-FORMAT = "kvcheck-trace"
-FORMAT_VERSION = 1
+from spec.ops import OpError, op_from_json
 
 
 class TraceError(ValueError):
@@ -75,42 +75,39 @@ class Trace:
 def parse(data, where: str = "trace") -> Trace:
     if not isinstance(data, dict):
         raise TraceError(f"{where}: a trace must be a JSON object, got {type(data).__name__}")
-    meta = data.get("#meta", {})
-    if not isinstance(meta, dict):
-        raise TraceError(f"{where}: '#meta' must be an object")
-    if meta.get("format", FORMAT) != FORMAT:
-        raise TraceError(f"{where}: not a kvcheck trace (format {meta.get('format')!r})")
-    if meta.get("format_version", FORMAT_VERSION) != FORMAT_VERSION:
-        raise TraceError(f"{where}: unsupported format_version {meta.get('format_version')!r} "
-                         f"(this kvcheck reads {FORMAT_VERSION})")
-    for key in ("config", "ops"):
-        if key not in data:
-            raise TraceError(f"{where}: missing {key!r}")
+    err = first_error(data)
+    if err:
+        if err.startswith("trace: missing 'expect'"):
+            err += (' (every trace records what a replay must show: {"result": "pass"} or '
+                    '{"result": "violation", "invariant": ID, "step": N})')
+        raise TraceError(f"{where}: {err}")
     try:
         cfg = Config.from_json(data["config"])
-    except (ConfigError, TypeError) as e:
-        raise TraceError(f"{where}: config: {e}") from None
-    if not isinstance(data["ops"], list):
-        raise TraceError(f"{where}: 'ops' must be a list")
-    ops = []
-    for i, raw in enumerate(data["ops"]):
-        try:
+        ops = []
+        for i, raw in enumerate(data["ops"]):
             ops.append(op_from_json(raw))
-        except OpError as e:
-            raise TraceError(f"{where}: ops[{i}]: {e}") from None
-    exp = data.get("expect", {"result": "pass"})
-    if not isinstance(exp, dict) or exp.get("result") not in ("pass", "violation"):
-        raise TraceError(f"{where}: 'expect' must be {{\"result\": \"pass\"}} or "
-                         f"{{\"result\": \"violation\", \"invariant\": ..., \"step\": ...}}")
-    unknown = set(exp) - {"result", "invariant", "step", "backend"}
-    if unknown:
-        raise TraceError(f"{where}: expect: unknown field(s) {sorted(unknown)}")
-    if exp["result"] == "violation" and not isinstance(exp.get("invariant"), str):
-        raise TraceError(f"{where}: expect: a violation names its invariant id")
-    if exp.get("step") is not None and not isinstance(exp.get("step"), int):
-        raise TraceError(f"{where}: expect.step must be an integer")
-    return Trace(cfg, ops, Expect(**exp), {k: v for k, v in meta.items()
-                                           if k not in ("format", "format_version")})
+    except ConfigError as e:
+        raise TraceError(f"{where}: {e}") from None
+    except OpError as e:
+        raise TraceError(f"{where}: ops[{i}]: {e}") from None
+    meta, exp = data.get("#meta", {}), Expect(**data["expect"])
+    err = _cross_error(cfg, ops, exp)
+    if err:
+        raise TraceError(f"{where}: {err}")
+    return Trace(cfg, ops, exp, {k: v for k, v in meta.items()
+                                 if k not in ("format", "format_version")})
+
+
+def _cross_error(cfg: Config, ops: list, exp: Expect):
+    """What the schema cannot state: a field bounded by another part of the trace."""
+    for i, op in enumerate(ops):
+        drafts = getattr(op, "drafts", None)
+        if drafts is not None and drafts > cfg.max_drafts:
+            return f"ops[{i}].drafts must be <= config.max_drafts ({cfg.max_drafts}), got {drafts}"
+    if exp.step is not None and exp.step >= len(ops):
+        return (f"expect.step must be an index into ops (0 to {len(ops) - 1}), got {exp.step}"
+                if ops else "expect.step: the trace has no operations")
+    return None
 
 
 def load(path) -> Trace:
@@ -119,10 +116,12 @@ def load(path) -> Trace:
         text = path.read_text()
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as e:
+    except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: cannot read: {e}") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as e:
+    except RecursionError:
+        raise TraceError(f"{path}: not a trace: JSON nested too deeply") from None
+    except ValueError as e:     # JSONDecodeError, or an integer of over 4300 digits
         raise TraceError(f"{path}: not JSON: {e}") from None
     return parse(data, str(path))

@@ -490,17 +490,17 @@ def cti_to_ops(op_name: str, model: dict):
 PAGE_SIZES = (1, 2, 3, 4, 5, 8, 16)
 """The induction is checked for each of these page sizes (every other quantity, the
 counters and all lengths, unbounded). With P symbolic the identity step is nonlinear
-and z3 does not finish in the time limit; the page arithmetic the steps use is proved
+and z3 does not finish within its resource limit; the page arithmetic the steps use is proved
 for symbolic P in proofs/lemmas.py."""
 
 
 def prove_op(op_name: str, module: Module = REAL, drop_aux: str | None = None,
-             timeout_ms: int = 30_000, page_sizes=PAGE_SIZES):
+             page_sizes=PAGE_SIZES):
     with positive_divisors() as pd:
         hyps, goal, s, st = inductive_step(op_name, module, drop_aux)
     goal = z3.And(goal, pd.obligation())
     for P in page_sizes:
-        status, model = check(hyps + [s["P"] == P], goal, timeout_ms=timeout_ms, split=False,
+        status, model = check(hyps + [s["P"] == P], goal, split=False,
                               logic="QF_LIA")  # P concrete: linear
         if status != "proved":
             detail = describe_cti(op_name, model, s, st) if model else f"P={P}: {status}"

@@ -25,6 +25,9 @@ import z3
 
 import spec.pages as _pages
 
+PRUNE_RLIMIT = 5_000_000
+"""z3 steps for one path-feasibility query (deterministic, unlike a time limit)."""
+
 
 # ---------------------------------------------------------------------------
 # Python integer semantics on z3 terms
@@ -182,6 +185,8 @@ class Explorer:
         self.conds: list = []
         self.prune = prune
         self.solver = z3.Solver() if prune else None
+        if prune:   # bounded by steps, not time; an unknown keeps the branch (feasible)
+            self.solver.set("rlimit", PRUNE_RLIMIT)
 
     @classmethod
     def current(cls) -> "Explorer":

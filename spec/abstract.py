@@ -127,42 +127,99 @@ def canonical(s: AbstractState) -> AbstractState:
                    slots=slots, content=content)
 
 
-def diff(a: AbstractState, b: AbstractState, left: str = "spec", right: str = "impl") -> list[str]:
-    """Human-readable differences between two (canonical) abstract states."""
-    out: list[str] = []
-    for fname in ("free_pages", "free_rows", "evictable_size", "protected_size"):
-        va, vb = getattr(a, fname), getattr(b, fname)
-        if va != vb:
-            if fname == "free_pages":
-                out.append(f"free pages: {left} has {len(va)} {_short(va)}, {right} has {len(vb)} {_short(vb)}")
-            else:
-                out.append(f"{fname}: {left}={va!r} {right}={vb!r}")
-    for kind, key in (("nodes", "path"), ("reqs", "rid"), ("slots", "sid"), ("sessions", "sid")):
-        da = {getattr(x, key): x for x in getattr(a, kind)}
-        db = {getattr(x, key): x for x in getattr(b, kind)}
-        for k in sorted(set(da) | set(db), key=repr):
-            xa, xb = da.get(k), db.get(k)
-            label = f"{kind[:-1]} {key}={_short(k)}"
-            if xa is None:
-                out.append(f"{label}: only in {right}: {xb}")
-            elif xb is None:
-                out.append(f"{label}: only in {left}: {xa}")
-            elif xa != xb:
-                for f in xa.__dataclass_fields__:
-                    fa, fb = getattr(xa, f), getattr(xb, f)
-                    if fa != fb:
-                        out.append(f"{label}: {f}: {left}={_short(fa)} {right}={_short(fb)}")
-    if a.content != b.content:
-        ca, cb = a.content_map(), b.content_map()
-        for p in sorted(set(ca) | set(cb)):
-            if ca.get(p) != cb.get(p):
-                out.append(f"kv content of page #{p}: {left}={ca.get(p)} {right}={cb.get(p)}")
+MISSING = type("Missing", (), {"__repr__": lambda self: "(absent)"})()
+"""The side of a Change that lacks the entity."""
+
+ENTITY_KINDS = (("nodes", "path"), ("reqs", "rid"), ("slots", "sid"), ("sessions", "sid"))
+TOP_FIELDS = ("free_pages", "free_rows", "evictable_size", "protected_size")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference between two abstract states. `where` names it the way a violation
+    names its owner ("free_pages", "req 3", "slot of session 1", "session 1",
+    "node [1, 2, 3, 4]", "kv content of page 5"); `field` is the entity's field, or None
+    for a top-level field, a page's content or a whole entity present on one side only
+    (that side's value is then MISSING)."""
+    where: str
+    field: Optional[str]
+    left: object
+    right: object
+
+
+def entity_name(kind: str, x) -> str:
+    """An entity's name, as spec/invariants.py names owners."""
+    if kind == "nodes":
+        return f"node {list(x.path)}"
+    if kind == "reqs":
+        return f"req {x.rid}"
+    if kind == "slots":
+        return f"slot of session {x.sid}"
+    return f"session {x.sid}"
+
+
+def entities(s: AbstractState) -> dict:
+    """name -> entity view for every node, request, slot and session, in state order."""
+    return {entity_name(kind, x): x for kind, _ in ENTITY_KINDS for x in getattr(s, kind)}
+
+
+def changes(a: AbstractState, b: AbstractState) -> list[Change]:
+    """Every difference between two abstract states, field by field."""
+    out = [Change(f, None, getattr(a, f), getattr(b, f)) for f in TOP_FIELDS
+           if getattr(a, f) != getattr(b, f)]
+    ea, eb = entities(a), entities(b)
+    for name in list(ea) + [n for n in eb if n not in ea]:
+        xa, xb = ea.get(name, MISSING), eb.get(name, MISSING)
+        if xa is MISSING or xb is MISSING:
+            out.append(Change(name, None, xa, xb))
+        elif xa != xb:
+            out += [Change(name, f, getattr(xa, f), getattr(xb, f)) for f in xa.__dataclass_fields__
+                    if getattr(xa, f) != getattr(xb, f)]
+    ca, cb = a.content_map(), b.content_map()
+    out += [Change(f"kv content of page {p}", None, ca.get(p, MISSING), cb.get(p, MISSING))
+            for p in sorted(set(ca) | set(cb), key=repr) if ca.get(p, MISSING) != cb.get(p, MISSING)]
     return out
 
 
-def _short(v, limit: int = 60) -> str:
-    s = repr(v)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+def describe(c: Change, left: str, right: str) -> list[str]:
+    """A Change as lines: a changed value shows its differing segment in full; an entity
+    on one side only is listed one field per line."""
+    label = c.where if c.field is None else f"{c.where}: {c.field}"
+    if c.left is MISSING or c.right is MISSING:
+        side, x = (right, c.right) if c.left is MISSING else (left, c.left)
+        if hasattr(x, "__dataclass_fields__"):
+            return [f"{label}: only in {side}"] + [f"    {f} = {getattr(x, f)!r}"
+                                                  for f in x.__dataclass_fields__]
+        return [f"{label}: only in {side}: {x!r}"]
+    sa, sb = segments(c.left, c.right)
+    if c.field is None and c.where == "free_pages":
+        return [f"free pages: {left} has {len(c.left)} {sa}, {right} has {len(c.right)} {sb}"]
+    return [f"{label}: {left}={sa} {right}={sb}"]
+
+
+def diff(a: AbstractState, b: AbstractState, left: str = "spec", right: str = "impl") -> list[str]:
+    """Human-readable differences between two abstract states (canonical ones, for a
+    comparison up to renaming)."""
+    return [line for c in changes(a, b) for line in describe(c, left, right)]
+
+
+def segments(va, vb, limit: int = 60) -> tuple[str, str]:
+    """Both values, with a long pair of tuples cut to the segment where they differ:
+    the equal prefix and suffix are counted, not hidden: `(…12 same…, 7, 8)`."""
+    ra, rb = repr(va), repr(vb)
+    if not (isinstance(va, tuple) and isinstance(vb, tuple)) or max(len(ra), len(rb)) <= limit:
+        return ra, rb
+    n = min(len(va), len(vb))
+    pre = next((i for i in range(n) if va[i] != vb[i]), n)
+    suf = next((i for i in range(n - pre) if va[-1 - i] != vb[-1 - i]), n - pre)
+    return _segment(va, pre, suf), _segment(vb, pre, suf)
+
+
+def _segment(v: tuple, pre: int, suf: int) -> str:
+    parts = [f"…{pre} same…"] if pre else []
+    parts += [repr(x) for x in v[pre:len(v) - suf]]
+    parts += [f"…{suf} same…"] if suf else []
+    return "(" + ", ".join(parts) + ")"
 
 
 def build_content(page_size: int, nodes, reqs, slots, read) -> tuple:

@@ -5,9 +5,14 @@ Every driver (the spec, impl/, upstream adapters, the explorer) is built from on
 """
 from __future__ import annotations
 
+import typing
 from dataclasses import asdict, dataclass, fields
+from typing import Annotated, Literal, Optional
 
-ERAS = ("wrapper", "borrow")
+from spec.fields import MAX_CONTEXT, MAX_DRAFTS, MAX_PAGE_SIZE, MAX_PAGES, MAX_ROWS, Range, field_error
+
+Era = Literal["wrapper", "borrow"]
+ERAS = typing.get_args(Era)
 """`wrapper`: sglang 0.5.11-0.5.21 (`StreamingSession(RadixCache)`, the seed):
 a mid-abort releases all session KV through `release_session`, no tree insert.
 `borrow`: sglang 0.5.22+ (session inside `UnifiedRadixCache`): a mid-abort drops the
@@ -23,6 +28,8 @@ ACCEPTABLE = {
 }
 """Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
 takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
+Accepted = Literal["U1", "U2", "U3", "U6"]
+assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
 class ConfigError(ValueError):
@@ -31,62 +38,39 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    page_size: int = 1
-    num_pages: int = 16
+    page_size: Annotated[int, Range(1, MAX_PAGE_SIZE)] = 1
+    num_pages: Annotated[int, Range(1, MAX_PAGES)] = 16
     """KV pages 1..num_pages are allocatable; page 0 is reserved (dummy writes)."""
-    num_rows: int = 4
+    num_rows: Annotated[int, Range(1, MAX_ROWS)] = 4
     """Rows of `req_to_token` (request-pool size)."""
-    max_context_len: int = 64
-    chunk_size: int | None = None
+    max_context_len: Annotated[int, Range(2, MAX_CONTEXT)] = 64
+    chunk_size: Optional[Annotated[int, Range(1, MAX_CONTEXT)]] = None
     """Chunked-prefill budget in tokens (`chunked_prefill_size`); None disables it."""
     spec_enabled: bool = False
     """Speculative decoding: `SpecDecode` over-allocates and accepts drafts."""
-    max_drafts: int = 3
+    max_drafts: Annotated[int, Range(1, MAX_DRAFTS)] = 3
     overlap: bool = False
     """Overlap scheduler: the step after the last one is already prepared at
     finish/retract, so committed == seqlen there (DOMAIN.md section 2.5)."""
-    era: str = "wrapper"
-    accept: tuple = ()
+    era: Era = "wrapper"
+    accept: tuple[Accepted, ...] = ()
     """Recorded findings (ids of ACCEPTABLE) whose upstream behaviour the spec takes, so a
     differential run drives their paths; () is the fixed behaviour everywhere."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.accept, list):
+        if isinstance(self.accept, list):       # from JSON
             object.__setattr__(self, "accept", tuple(self.accept))
-        if not isinstance(self.accept, tuple) or any(a not in ACCEPTABLE for a in self.accept):
-            raise ConfigError(f"config.accept must be a list of {sorted(ACCEPTABLE)}, "
-                              f"got {self.accept!r}")
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name in ("page_size", "num_pages", "num_rows", "max_context_len", "max_drafts"):
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise ConfigError(f"config.{f.name} must be an integer, got {v!r}")
-        if self.page_size < 1:
-            raise ConfigError(f"config.page_size must be >= 1, got {self.page_size}")
-        if self.num_pages < 1:
-            raise ConfigError(f"config.num_pages must be >= 1 (page 0 is reserved), got {self.num_pages}")
-        if self.num_rows < 1:
-            raise ConfigError(f"config.num_rows must be >= 1, got {self.num_rows}")
-        if self.max_context_len < 2:
-            raise ConfigError(f"config.max_context_len must be >= 2, got {self.max_context_len}")
+        err = field_error(self, "config")      # each field's declared type and range
+        if err:
+            raise ConfigError(err)
         if self.max_context_len % self.page_size:
             raise ConfigError(
                 f"config.max_context_len ({self.max_context_len}) must be a multiple of "
                 f"page_size ({self.page_size})")
-        if self.chunk_size is not None:
-            if not isinstance(self.chunk_size, int) or isinstance(self.chunk_size, bool):
-                raise ConfigError(f"config.chunk_size must be an integer or null, got {self.chunk_size!r}")
-            if self.chunk_size < self.page_size:
-                raise ConfigError(
-                    f"config.chunk_size ({self.chunk_size}) must be >= page_size ({self.page_size}): "
-                    "a chunk is truncated to whole pages and would make no progress")
-        if self.max_drafts < 1:
-            raise ConfigError(f"config.max_drafts must be >= 1, got {self.max_drafts}")
-        if self.era not in ERAS:
-            raise ConfigError(f"config.era must be one of {ERAS}, got {self.era!r}")
-        for name in ("spec_enabled", "overlap"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"config.{name} must be true or false, got {getattr(self, name)!r}")
+        if self.chunk_size is not None and self.chunk_size < self.page_size:
+            raise ConfigError(
+                f"config.chunk_size ({self.chunk_size}) must be >= page_size ({self.page_size}): "
+                "a chunk is truncated to whole pages and would make no progress")
 
     @property
     def total_tokens(self) -> int:

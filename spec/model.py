@@ -12,6 +12,7 @@ step that called them.
 from __future__ import annotations
 
 import bisect
+from typing import Optional
 
 from spec import ops as O
 from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
@@ -876,54 +877,101 @@ def _fits_context(s: State, input_len: int, max_new: int) -> bool:
     return input_len + max_new + 2 * (s.cfg.max_drafts + 1) + 1 <= s.cfg.max_context_len
 
 
-def enabled(s: State, op: O.Op) -> bool:
-    """The guard of each operation: when upstream's scheduler could issue it."""
+def refusal(s: State, op: O.Op) -> Optional[str]:
+    """The guard of each operation (when upstream's scheduler could issue it): None when
+    op is enabled in s, else the reason the guard refuses it, naming the part that fails."""
     cfg = s.cfg
     rid = getattr(op, "rid", None)
     req = s.reqs.get(rid) if rid is not None else None
     if isinstance(op, O.OpenSession):
-        return not _sid_in_use(s, op.sid)
+        return f"session {op.sid} is already in use" if _sid_in_use(s, op.sid) else None
     if isinstance(op, O.SubmitTurn):
         sess = s.sessions.get(op.sid)
-        return (sess is not None and op.rid not in s.reqs and len(op.new_tokens) >= 1
-                and op.max_new_tokens >= 1
-                and _fits_context(s, len(sess.checkpoint) + len(op.new_tokens), op.max_new_tokens))
+        if sess is None:
+            return f"session {op.sid} is not open"
+        return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
+                or _context_refusal(s, len(sess.checkpoint) + len(op.new_tokens), op.max_new_tokens))
     if isinstance(op, O.SubmitRequest):
-        return (op.rid not in s.reqs and len(op.tokens) >= 1 and op.max_new_tokens >= 1
-                and _fits_context(s, len(op.tokens), op.max_new_tokens))
+        return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens)
+                or _context_refusal(s, len(op.tokens), op.max_new_tokens))
     if isinstance(op, O.CloseSession):
         sess = s.sessions.get(op.sid)
-        return sess is not None and not sess.close_pending
+        if sess is None:
+            return f"session {op.sid} is not open"
+        return f"session {op.sid} is already closing" if sess.close_pending else None
     if isinstance(op, O.Evict):
-        return op.num_tokens >= 1
+        return None if op.num_tokens >= 1 else "evict needs num_tokens >= 1"
     if req is None:
-        return False
-    if isinstance(op, O.Schedule):
-        return req.phase == "queued"
-    if isinstance(op, O.AbortQueued):
-        return req.phase == "queued"
+        return f"request {rid} does not exist (never submitted, or already finished)"
+    if isinstance(op, (O.Schedule, O.AbortQueued)):
+        return _phase_refusal(req, ("queued",))
     if isinstance(op, O.QueueReject):
         # at the queue door: not matched since it (re-)entered the queue (over-approximated:
         # any time before its next schedule, not only at the door)
-        return req.phase == "queued" and req.last_node is None
+        return (_phase_refusal(req, ("queued",))
+                or (f"request {rid} has matched a prefix since it entered the queue"
+                    if req.last_node is not None else None))
     if isinstance(op, O.PreAbort):
         # before matching: to_finish is set when a request is created or re-queued,
         # never on one that already matched (a restored request holds the slot's row)
-        return req.phase == "queued" and not req.to_finish and req.last_node is None
+        return (_phase_refusal(req, ("queued",))
+                or (f"request {rid} is already marked to finish" if req.to_finish else None)
+                or (f"request {rid} has already matched a prefix" if req.last_node is not None
+                    else None))
     if isinstance(op, O.PrefillChunk):
-        return req.phase == "prefill"
+        return _phase_refusal(req, ("prefill",))
     if isinstance(op, O.AbortRunning):
-        return req.phase in ("prefill", "decode")
+        return _phase_refusal(req, ("prefill", "decode"))
     if isinstance(op, O.Decode):
-        return (req.phase == "decode" and not cfg.spec_enabled
-                and len(req.output) < req.max_new_tokens)
+        return (_phase_refusal(req, ("decode",))
+                or ("config.spec_enabled is true: decode steps are spec_decode"
+                    if cfg.spec_enabled else None)
+                or _output_refusal(req))
     if isinstance(op, O.SpecDecode):
-        return (req.phase == "decode" and cfg.spec_enabled and 1 <= op.drafts <= cfg.max_drafts
-                and 0 <= op.accepted <= op.drafts and len(req.output) < req.max_new_tokens
-                and req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len)
+        return (_phase_refusal(req, ("decode",))
+                or (None if cfg.spec_enabled else "config.spec_enabled is false")
+                or (None if 1 <= op.drafts <= cfg.max_drafts else
+                    f"drafts must be in [1, config.max_drafts={cfg.max_drafts}], got {op.drafts}")
+                or (None if 0 <= op.accepted <= op.drafts else
+                    f"accepted must be in [0, drafts={op.drafts}], got {op.accepted}")
+                or _output_refusal(req)
+                or (None if req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len else
+                    f"request {rid}'s drafts would pass config.max_context_len"))
     if isinstance(op, (O.Finish, O.Retract)):
-        return req.phase == "decode"
-    return False
+        return _phase_refusal(req, ("decode",))
+    return f"unknown operation {op.name!r}"
+
+
+def _new_request_refusal(s: State, rid: int, tokens, max_new: int) -> Optional[str]:
+    if rid in s.reqs:
+        return f"request {rid} already exists"
+    if len(tokens) < 1:
+        return "a request needs at least one token"
+    return None if max_new >= 1 else "max_new_tokens must be >= 1"
+
+
+def _context_refusal(s: State, input_len: int, max_new: int) -> Optional[str]:
+    if _fits_context(s, input_len, max_new):
+        return None
+    return (f"{input_len} input + {max_new} new tokens (+ draft room) do not fit "
+            f"config.max_context_len={s.cfg.max_context_len}")
+
+
+def _phase_refusal(req, phases: tuple) -> Optional[str]:
+    if req.phase in phases:
+        return None
+    return f"request {req.rid} is {req.phase}, this operation needs it {' or '.join(phases)}"
+
+
+def _output_refusal(req) -> Optional[str]:
+    if len(req.output) < req.max_new_tokens:
+        return None
+    return f"request {req.rid} already has max_new_tokens={req.max_new_tokens} output tokens"
+
+
+def enabled(s: State, op: O.Op) -> bool:
+    """Whether the guard lets op run in s (see `refusal` for why not)."""
+    return refusal(s, op) is None
 
 
 def step(s: State, op: O.Op) -> tuple[State, str]:

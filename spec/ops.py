@@ -11,7 +11,9 @@ are not part of the vocabulary (they are the system's own and compared up to ren
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import ClassVar
+from typing import Annotated, ClassVar
+
+from spec.fields import MAX_DRAFTS, MAX_ID, Id, Range, TokenCount, TokenId, Tokens, field_error
 
 
 class OpError(ValueError):
@@ -38,7 +40,7 @@ class Op:
 class OpenSession(Op):
     """`SessionController.open`: a streaming session; no KV is touched."""
     name: ClassVar[str] = "open_session"
-    sid: int
+    sid: Id
 
 
 @dataclass(frozen=True)
@@ -46,19 +48,19 @@ class SubmitTurn(Op):
     """`Session.create_req`: the next turn = checkpoint tokens + new_tokens.
     Rejected (an aborted 1-token stub with `to_finish` set) while a turn is in flight."""
     name: ClassVar[str] = "submit_turn"
-    sid: int
-    rid: int
-    new_tokens: tuple
-    max_new_tokens: int
+    sid: Id
+    rid: Id
+    new_tokens: Tokens
+    max_new_tokens: TokenCount
 
 
 @dataclass(frozen=True)
 class SubmitRequest(Op):
     """A plain non-session request (shares the radix tree with sessions)."""
     name: ClassVar[str] = "submit_request"
-    rid: int
-    tokens: tuple
-    max_new_tokens: int
+    rid: Id
+    tokens: Tokens
+    max_new_tokens: TokenCount
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,7 @@ class Schedule(Op):
     `admit=False`: the match runs, the admission is rejected (budget); a later
     Schedule retries. The model also rejects when rows or KV do not suffice."""
     name: ClassVar[str] = "schedule"
-    rid: int
+    rid: Id
     admit: bool = True
 
 
@@ -75,39 +77,40 @@ class Schedule(Op):
 class PrefillChunk(Op):
     """The next chunk of a chunked prefill (`cache_unfinished_req(chunked=True)` first)."""
     name: ClassVar[str] = "prefill_chunk"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
 class Decode(Op):
     """One decode step: `alloc_for_decode` for the last sampled token, sample `token`."""
     name: ClassVar[str] = "decode"
-    rid: int
-    token: int = 1
+    rid: Id
+    token: TokenId = 1
 
 
 @dataclass(frozen=True)
 class SpecDecode(Op):
     """A speculative step: over-allocate for `drafts`, accept `accepted` (+1 bonus)."""
     name: ClassVar[str] = "spec_decode"
-    rid: int
-    drafts: int
-    accepted: int
-    token: int = 1
+    rid: Id
+    drafts: Annotated[int, Range(1, MAX_DRAFTS)]
+    accepted: Annotated[int, Range(0, MAX_DRAFTS)]
+    """At most `drafts` (checked with the trace) and `config.max_drafts` (the guard)."""
+    token: TokenId = 1
 
 
 @dataclass(frozen=True)
 class Finish(Op):
     """Normal finish (length or stop): `release_kv_cache`."""
     name: ClassVar[str] = "finish"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
 class AbortQueued(Op):
     """Abort a request still in the waiting queue (popped, never running now)."""
     name: ClassVar[str] = "abort_queued"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
@@ -117,21 +120,21 @@ class QueueReject(Op):
     scheduling is off) or `_abort_on_queued_limit` (the queue is full). It leaves as a
     queued abort does (0.5.22+: through `_release_aborted_request`)."""
     name: ClassVar[str] = "queue_reject"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
 class PreAbort(Op):
     """Set `to_finish = FINISH_ABORT` on a queued request before it is matched."""
     name: ClassVar[str] = "pre_abort"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
 class AbortRunning(Op):
     """Mid-abort: `FINISH_ABORT` on a running request (prefill or decode), then release."""
     name: ClassVar[str] = "abort_running"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
@@ -139,21 +142,21 @@ class Retract(Op):
     """Retract a decoding request under memory pressure (`release_req`,
     `reset_for_retract`); it goes back to the waiting queue for a retry."""
     name: ClassVar[str] = "retract"
-    rid: int
+    rid: Id
 
 
 @dataclass(frozen=True)
 class CloseSession(Op):
     """`SessionController._close`: deferred while a turn is in flight."""
     name: ClassVar[str] = "close_session"
-    sid: int
+    sid: Id
 
 
 @dataclass(frozen=True)
 class Evict(Op):
     """`tree_cache.evict(EvictParams(num_tokens))`."""
     name: ClassVar[str] = "evict"
-    num_tokens: int
+    num_tokens: Annotated[int, Range(1, MAX_ID)]
 
 
 OP_TYPES: dict[str, type[Op]] = {
@@ -166,38 +169,36 @@ OP_NAMES = tuple(OP_TYPES)
 
 
 def op_from_json(data: dict) -> Op:
-    """Parse one operation; every error names the operation and the field."""
+    """Build one operation from its JSON object; every error names the operation and the
+    field. Each field's type and range come from its declaration (spec/fields.py); a
+    trace file is checked against the same declarations by kvcheck/schema.py first."""
     if not isinstance(data, dict):
         raise OpError(f"an operation must be a JSON object, got {data!r}")
     name = data.get("op")
     if name not in OP_TYPES:
         raise OpError(f"unknown operation {name!r}; known: {', '.join(OP_NAMES)}")
     cls = OP_TYPES[name]
-    kwargs = {}
     declared = {f.name: f for f in fields(cls)}
     unknown = sorted(set(data) - set(declared) - {"op"})
     if unknown:
         raise OpError(f"{name}: unknown field(s) {unknown}")
-    for fname, f in declared.items():
-        if fname not in data:
-            if f.default is f.default_factory:  # no default: required (both MISSING)
-                raise OpError(f"{name}: missing field {fname!r}")
-            continue
-        v = data[fname]
-        if fname in ("new_tokens", "tokens"):
-            if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-                raise OpError(f"{name}.{fname} must be a list of integers, got {v!r}")
-            v = tuple(v)
-        elif fname == "admit":
-            if not isinstance(v, bool):
-                raise OpError(f"{name}.admit must be true or false, got {v!r}")
-        else:
-            if not isinstance(v, int) or isinstance(v, bool):
-                raise OpError(f"{name}.{fname} must be an integer, got {v!r}")
-            if v < 0:
-                raise OpError(f"{name}.{fname} must be >= 0, got {v}")
-        kwargs[fname] = v
-    return cls(**kwargs)
+    missing = [n for n, f in declared.items() if n not in data and f.default is f.default_factory]
+    if missing:                                   # no default: required (both MISSING)
+        raise OpError(f"{name}: missing field {missing[0]!r}")
+    kwargs = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k != "op"}
+    op = cls(**kwargs)
+    err = field_error(op, name) or cross_field_error(op)
+    if err:
+        raise OpError(err)
+    return op
+
+
+def cross_field_error(op: Op):
+    """A constraint between two fields of one operation, which a per-field range cannot
+    state; None when it holds."""
+    if isinstance(op, SpecDecode) and op.accepted > op.drafts:
+        return f"spec_decode.accepted must be <= drafts ({op.drafts}), got {op.accepted}"
+    return None
 
 
 OUTCOMES = ("ok", "rejected", "oom", "deferred", "stub")

@@ -36,8 +36,12 @@ def test_replay_scenario_passes(capsys):
 
 
 def test_replay_planted_trace_without_its_fault_is_not_as_expected(capsys):
-    rc = cli.main(["replay", str(REG / "planted" / "free_tail_unaligned.json"), "-q"])
-    assert rc == 1 and "NOT as expected" in capsys.readouterr().out
+    from impl import faults
+    t = load(REG / "planted" / "free_tail_unaligned.json")
+    res, ok = replay_trace(t, "impl", verbose=False)
+    assert not ok and res.failure is None
+    with faults.planted("free_tail_unaligned"):
+        assert replay_trace(t, "impl", verbose=False)[1]
 
 
 def test_replay_reports_violation_with_fault(capsys):
@@ -51,14 +55,19 @@ def test_replay_reports_violation_with_fault(capsys):
 @pytest.mark.parametrize("content,needle", [
     ("not json", "not JSON"),
     ("[]", "must be a JSON object"),
-    ('{"config": {"page_size": 0}, "ops": []}', "page_size must be >= 1"),
-    ('{"config": {"page_size": 2, "max_context_len": 7}, "ops": []}', "multiple of page_size"),
-    ('{"config": {"bogus": 1}, "ops": []}', "unknown config field"),
-    ('{"config": {}, "ops": [{"op": "teleport"}]}', "unknown operation 'teleport'"),
-    ('{"config": {}, "ops": [{"op": "decode"}]}', "missing field 'rid'"),
-    ('{"config": {}, "ops": [{"op": "decode", "rid": "x"}]}', "must be an integer"),
-    ('{"config": {}}', "missing 'ops'"),
-    ('{"config": {}, "ops": [], "expect": {"result": "maybe"}}', "'expect' must be"),
+    ('{"config": {"page_size": 0}, "ops": [], "expect": {"result": "pass"}}',
+     "config.page_size must be an integer in [1, 64], got 0"),
+    ('{"config": {"page_size": 2, "max_context_len": 7}, "ops": [], "expect": {"result": "pass"}}',
+     "multiple of page_size"),
+    ('{"config": {"bogus": 1}, "ops": [], "expect": {"result": "pass"}}', "config: unknown field(s)"),
+    ('{"config": {}, "ops": [{"op": "teleport"}], "expect": {"result": "pass"}}',
+     "ops[0].op must be one of"),
+    ('{"config": {}, "ops": [{"op": "decode"}], "expect": {"result": "pass"}}', "missing 'rid'"),
+    ('{"config": {}, "ops": [{"op": "decode", "rid": "x"}], "expect": {"result": "pass"}}',
+     "must be an integer"),
+    ('{"config": {}, "expect": {"result": "pass"}}', "missing 'ops'"),
+    ('{"config": {}, "ops": []}', "missing 'expect'"),
+    ('{"config": {}, "ops": [], "expect": {"result": "maybe"}}', "expect.result must be one of"),
 ])
 def test_malformed_trace_gets_a_clear_error(tmp_path, content, needle):
     f = tmp_path / "t.json"
@@ -77,9 +86,11 @@ def test_missing_file_and_unknown_backend():
 
 def test_disabled_op_in_trace_is_reported(tmp_path):
     f = tmp_path / "t.json"
-    f.write_text(json.dumps({"config": {}, "ops": [{"op": "decode", "rid": 3}]}))
+    f.write_text(json.dumps({"config": {}, "ops": [{"op": "decode", "rid": 3}],
+                             "expect": {"result": "pass"}}))
     p = run_cli("replay", str(f), "--backend", "spec")
     assert p.returncode == 1 and "X1" in p.stdout and "not enabled" in p.stdout
+    assert "request 3 does not exist" in p.stdout
 
 
 def test_trace_round_trip():
