@@ -62,10 +62,16 @@ check-gpu: $(STAMP)
 sglang-env:
 	@for v in $(SGLANG_VERSIONS); do adapters/sglang/make_env.sh $$v || exit 1; done
 
+# The differential run takes each release's recorded findings (adapters/sglang/findings.py
+# RELEASES) as known behaviour (--accept) and drives their paths instead of skipping them.
 check-sglang: $(STAMP) sglang-env
 	@for v in $(SGLANG_VERSIONS); do \
-	  echo "=== sglang $$v: recorded findings, regression corpus, differential run"; \
-	  $(VENV)/bin/kvcheck check --backend sglang:$$v --examples $(CHECK_SGLANG_EXAMPLES) --skip-explore --skip-proofs || exit 1; \
+	  echo "=== sglang $$v: conformance of stateful_tests/upstream (shape, lockstep, upstream past the first failure)"; \
+	  $(PY) -m adapters.sglang.conformance --version $$v --past-failure stateful_tests/upstream/*-sglang-$$v.json || exit 1; \
+	  accept=$$($(PY) -c "from adapters.sglang.findings import RELEASES; print(','.join(RELEASES.get('$$v', ())))"); \
+	  echo "=== sglang $$v: recorded findings, regression corpus, differential run (--accept $$accept)"; \
+	  $(VENV)/bin/kvcheck check --backend sglang:$$v --accept "$$accept" \
+	    --examples $(CHECK_SGLANG_EXAMPLES) --skip-explore --skip-proofs || exit 1; \
 	done
 
 clean:

@@ -49,6 +49,8 @@ class ImplBackend:
             return s.finish(op.rid)
         if isinstance(op, ops.AbortQueued):
             return s.abort_queued(op.rid)
+        if isinstance(op, ops.QueueReject):
+            return s.queue_reject(op.rid)
         if isinstance(op, ops.PreAbort):
             return s.pre_abort(op.rid)
         if isinstance(op, ops.AbortRunning):

@@ -268,10 +268,16 @@ class Scheduler:
         self._retire(req, session)
         return "ok"
 
+    def queue_reject(self, rid: int) -> str:
+        """_add_request_to_queue refuses it (priority / queue limit): a queued abort."""
+        return self.abort_queued(rid)
+
     @_borrow_synced
     def pre_abort(self, rid: int) -> str:
         req = self._req(rid, "queued")
         req.to_finish = FINISH_ABORT
+        if not req.is_retracted:            # set_finish_with_abort: a one-token prompt
+            req.origin_input_ids = [0]
         return "ok"
 
     @_borrow_synced

@@ -22,13 +22,30 @@ def release_era(name: str):
     return "wrapper" if parts <= (0, 5, 21) else "borrow"
 
 
-def known_findings(name: str):
-    """The skip predicate for a release with recorded upstream findings, or None."""
+def known_findings(name: str, accept=()):
+    """The skip predicate for a release with recorded upstream findings the run does not
+    accept (`--accept`), or None."""
     if name.startswith("sglang"):
         version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
         from adapters.sglang.findings import known_trigger
-        return known_trigger(version)
+        return known_trigger(version, accept)
     return None
+
+
+def parse_accept(text: str | None, name: str) -> tuple:
+    """`--accept U1,U2`: recorded findings whose upstream behaviour the spec takes.
+    Only for the spec alone or a real release (impl/ implements the fixes only)."""
+    from spec.config import ACCEPTABLE
+    if not text:
+        return ()
+    ids = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in ids if x not in ACCEPTABLE]
+    if bad:
+        raise BackendError(f"--accept: unknown finding(s) {bad}; known: {', '.join(ACCEPTABLE)}")
+    if not (name == "spec" or name.startswith("sglang")):
+        raise BackendError(f"--accept applies to --backend spec or sglang[:VERSION], not {name!r} "
+                           "(impl/ implements the fixed behaviour only)")
+    return ids
 
 
 def resolve(name: str) -> tuple[Optional[Callable], str]:

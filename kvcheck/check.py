@@ -81,7 +81,9 @@ CHECK_SEED = 0
 def cmd_check(args) -> int:
     from kvcheck.engines import DEFAULT_ENGINE
 
+    from kvcheck.backends import parse_accept
     from kvcheck.ciformat import Case, write_reports
+    accept = parse_accept(args.accept, args.backend)       # a usage error: exit 2, no work
     results, cases, current = [], [], ["parts"]
     corpus_paths = [REGRESSIONS]
     if args.backend.startswith("sglang:"):
@@ -116,7 +118,7 @@ def cmd_check(args) -> int:
         # failure is reported at once, then shrunk by kvcheck (never by Hypothesis)
         rep = fuzz(None, CHECK_SEED, args.backend, args.out, rounds=max(1, args.examples),
                    engine=getattr(args, "engine", DEFAULT_ENGINE), stop_on_first=True,
-                   console=Console(quiet=True, prefix="   "))
+                   console=Console(quiet=True, prefix="   "), accept=accept)
         if rep.interrupted:
             raise KeyboardInterrupt
         if rep.found:

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 from spec.abstract import AbstractState, canonical, diff
 from spec.config import Config
 from spec.invariants import check_state, check_step
-from spec.model import ModelError, initial_state, refusal, step
+from spec.model import ModelError, initial_state, refusal, step, within_accepted
 from spec.ops import Op
 from spec.view import abstract
 from spec.violations import Violation
@@ -98,6 +98,7 @@ class Lockstep:
         self.state = initial_state(cfg)
         self.prev = abstract(self.state)
         self.steps = 0
+        self.beyond = False     # under Config.accept: past what the model follows
         if backend is not None:
             backend._kvcheck_prev = backend.abstract()
 
@@ -105,6 +106,8 @@ class Lockstep:
         """Apply op on both sides; on success the lockstep advances."""
         i, cfg = self.steps, self.cfg
         rec = StepRecord(i, op, "", self.prev)
+        if self.beyond:
+            return rec, None
         reason = refusal(self.state, op)
         if reason is not None:
             return rec, Failure(i, op, DISABLED, "spec",
@@ -112,17 +115,26 @@ class Lockstep:
         try:
             s, out = step(self.state, op)
         except ModelError as e:
+            if cfg.accept:      # an accepted finding led the spec into upstream's assertion
+                self.beyond = True
+                return rec, None
             return rec, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)])
         except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
             return rec, Failure(i, op, EXCEPTION, "spec", details=_tb(e))
         b_spec = abstract(s)
         rec = StepRecord(i, op, out, b_spec)
+        known = ()
         if self.check_spec:
             vs = check_state(b_spec, cfg) + check_step(self.prev, op, out, b_spec, cfg)
-            if vs:
+            if vs and not cfg.accept:
                 return rec, _failure(i, op, "spec", vs)
+            if not within_accepted(cfg.accept, (v.id for v in vs)):
+                self.beyond = True  # consequences the model does not follow: stop comparing
+                return rec, None
+            known = accepted(vs)
         if self.backend is not None:
-            fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec)
+            fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec,
+                                  known)
             if fail is not None:
                 return rec, fail
         self.state, self.prev, self.steps = s, b_spec, i + 1
@@ -156,7 +168,22 @@ def _failure(i, op, side, vs) -> Failure:
     return Failure(i, op, vs[0].id, side, vs)
 
 
-def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec) -> Optional[Failure]:
+def accepted(spec_violations) -> frozenset:
+    """`Config.accept`: the spec takes upstream's recorded behaviour, so the invariants it
+    breaks itself at a step are that behaviour; the same (id, owner) on the system under
+    test is not a finding. Anything else (another invariant, another owner, a state or
+    outcome divergence) still is."""
+    return frozenset((v.id, v.owner) for v in spec_violations)
+
+
+def _known(v, known) -> bool:
+    """Accepted: the spec shows it too; or a concrete check (C*, which only a concrete
+    state can show) while the spec itself is in a state its invariants reject."""
+    return (v.id, v.owner) in known or (bool(known) and v.id.startswith("C"))
+
+
+def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec,
+                   known=frozenset()) -> Optional[Failure]:
     prev = getattr(backend, "_kvcheck_prev", None)
     try:
         out = backend.apply(op)
@@ -170,6 +197,7 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec) -> Optional
     vs = list(concrete) + check_state(b_impl, cfg)
     if prev is not None:
         vs += check_step(prev, op, out, b_impl, cfg)
+    vs = [v for v in vs if not _known(v, known)]
     if vs:
         return _failure(i, op, name, vs)
     if out != spec_out:

@@ -370,7 +370,7 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
         if sc.reject:
             cands.append(O.Schedule(rid, False))
         cands += [O.PrefillChunk(rid), O.Finish(rid), O.AbortQueued(rid), O.PreAbort(rid),
-                  O.AbortRunning(rid), O.Retract(rid)]
+                  O.AbortRunning(rid), O.Retract(rid), O.QueueReject(rid)]
         if cfg.spec_enabled:
             cands += [O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
                       for a in range(d + 1) for t in sc.decode_tokens]

@@ -226,8 +226,10 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
          engine: str = DEFAULT_ENGINE, workers: int = 1, use_ray: bool = False,
          ray_address: Optional[str] = None, stop_on_first: bool = False, quiet: bool = False,
          shrink_replays: int = DEFAULT_REPLAYS, label: str = "", planted: tuple = (),
-         spec_enabled: Optional[bool] = None, console: Optional[Console] = None) -> FuzzReport:
-    """Run a campaign within `rounds` sequences and/or `seconds` (at least one)."""
+         spec_enabled: Optional[bool] = None, console: Optional[Console] = None,
+         accept: tuple = ()) -> FuzzReport:
+    """Run a campaign within `rounds` sequences and/or `seconds` (at least one).
+    `accept`: recorded upstream findings whose behaviour the spec takes (`--accept`)."""
     from impl import faults
     from kvcheck.backends import resolve
     if rounds is None and seconds is None:
@@ -237,7 +239,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     if seed is None:
         seed = random.SystemRandom().randrange(2**32)
     console = console or Console(quiet)
-    c = Campaign(engine, seed, backend, spec_enabled)
+    c = Campaign(engine, seed, backend, spec_enabled, tuple(accept))
     report = FuzzReport(seed=seed, backend=bname, engine=engine)
     stats = Stats()
     ints = Interrupts()
@@ -284,7 +286,9 @@ def _header(console, c, bname, rounds, seconds, workers, use_ray) -> None:
     console.line(f"kvcheck fuzz: backend {bname}, engine {c.engine}, seed {c.seed} (rerun with "
                  f"--seed {c.seed}), {budget}"
                  + (f", {workers} workers" if workers > 1 else "") + (" on Ray" if use_ray else ""))
-    if known_findings(c.backend) is not None:
+    if c.accept:
+        console.line(f"  the spec takes upstream's behaviour for {', '.join(c.accept)} (--accept)")
+    if known_findings(c.backend, c.accept) is not None:
         console.line("  leaving out operations that trigger the findings recorded for "
                      f"{bname} (docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)")
 

@@ -30,10 +30,12 @@ def _budget(args, default_seconds: float) -> tuple:
 
 def cmd_fuzz(args) -> int:
     from kvcheck.fuzz import fuzz
+    from kvcheck.backends import parse_accept
     rounds, seconds = _budget(args, 60.0)
+    accept = parse_accept(args.accept, args.backend)      # a usage error before any work
     rep = fuzz(seconds, args.seed, args.backend, args.out, rounds=rounds, engine=args.engine,
                workers=args.workers, use_ray=args.ray is not None, ray_address=args.ray or None,
-               shrink_replays=args.shrink_replays)
+               shrink_replays=args.shrink_replays, accept=accept)
     print(rep.render(), flush=True)
     if rep.interrupted:
         return INTERRUPTED

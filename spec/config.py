@@ -20,6 +20,18 @@ slot's lock and releases the aborted turn like any request, checkpointing its
 committed prefix into the radix tree."""
 
 
+ACCEPTABLE = {
+    "U1": "H3: the rejected stub's detach (find_active_slot) clears another turn's _inflight",
+    "U2": "H4: retract runs finish_req (checkpoint advances, _inflight cleared)",
+    "U3": "H5 (0.5.15): a queued abort of a streaming turn makes no session call",
+    "U6": "0.5.23: a queue drop (_release_aborted_request) of a rejected stub clears _inflight",
+}
+"""Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
+takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
+Accepted = Literal["U1", "U2", "U3", "U6"]
+assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
+
+
 class ConfigError(ValueError):
     """A configuration that no driver can run."""
 
@@ -41,8 +53,13 @@ class Config:
     """Overlap scheduler: the step after the last one is already prepared at
     finish/retract, so committed == seqlen there (DOMAIN.md section 2.5)."""
     era: Era = "wrapper"
+    accept: tuple[Accepted, ...] = ()
+    """Recorded findings (ids of ACCEPTABLE) whose upstream behaviour the spec takes, so a
+    differential run drives their paths; () is the fixed behaviour everywhere."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.accept, list):       # from JSON
+            object.__setattr__(self, "accept", tuple(self.accept))
         err = field_error(self, "config")      # each field's declared type and range
         if err:
             raise ConfigError(err)

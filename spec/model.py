@@ -50,9 +50,9 @@ def _alloc_pages(s: State, n: int):
 def _free_pages(s: State, pages) -> None:
     """`free`: unique pages of one call return to the free list (a second call on the
     same page frees it again: the multiset shows it)."""
+    if any(p is None for p in pages):
+        raise ModelError("free of a row position that holds no KV index")
     for p in sorted(set(pages)):
-        if p is None:
-            raise ModelError("free of a row position that holds no KV index")
         bisect.insort(s.free_pages, p)
         s.content.pop(p, None)
 
@@ -70,7 +70,7 @@ def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
     for i in range(start, end):
         p = r[i // P]
         c = list(s.content[p])
-        c[i % P] = tokens[i]
+        c[i % P] = tokens[i] if i < len(tokens) else -1   # arrays rewritten under it
         s.content[p] = tuple(c)
 
 
@@ -141,7 +141,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     P = s.cfg.page_size
     child = s.nodes[child_id]
     new = Node(s.next_node_id, child.key[:split], child.pages[:split // P], child.parent,
-               {}, child.lock_ref, child.tick)
+               {}, child.lock_ref, _creation_tick(s, child.tick))
     s.next_node_id += 1
     s.nodes[new.id] = new
     parent = s.nodes[child.parent]
@@ -153,23 +153,37 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     return new.id
 
 
+def _creation_tick(s: State, borrow_tick: int) -> int:
+    """The tick of a node created by a walk. Wrapper era: `TreeNode()` reads
+    `time.monotonic()` after the walk's `access_time`, so a new node (a split's upper
+    half, a new leaf) is newer than every node the walk stamped, in creation order.
+    Borrow era: the walk's tick (the spec's rule, which 0.5.23's traces confirm)."""
+    if s.cfg.era == "wrapper":
+        s.tick += 1
+        return s.tick
+    return borrow_tick
+
+
 def _walk(s: State, key: tuple) -> tuple[int, int, list]:
     """The walk `match_prefix` and `insert` share: one access tick for the call, every
-    node on the path stamped with it (before a split too, so both halves carry it), a
-    node the key ends inside split. Returns (last node id, matched length, its pages)."""
+    node on the path stamped with it (before a split too, so the lower half carries it), a
+    node the key ends inside split (the new upper half: `_creation_tick`). Returns (last
+    node id, matched length, its pages)."""
     s.tick += 1
+    access = s.tick
     nid, pages, i = ROOT, [], 0
     while i < len(key):
         cid = s.nodes[nid].children.get(_page_key(s, key, i))
         if cid is None:
             break
         child = s.nodes[cid]
-        child.tick = s.tick
+        child.tick = access
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
             child = s.nodes[cid]
-        child.tick = s.tick
+        if s.cfg.era != "wrapper":
+            child.tick = access
         pages.extend(child.pages)
         i += m
         nid = cid
@@ -189,7 +203,8 @@ def insert(s: State, key: tuple, pages: list) -> int:
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
     if i < len(key):
-        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0, s.tick)
+        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
+                    _creation_tick(s, s.tick))
         s.next_node_id += 1
         s.nodes[leaf.id] = leaf
         s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
@@ -318,6 +333,35 @@ def _is_streaming(req: Req) -> bool:
     return req.session is not None
 
 
+ACCEPTED_INVARIANTS = {
+    "U1": ("I20", "I26"),   # two turns in flight; the live turn's prompt rewritten under it
+    "U2": ("I20", "I26", "I28"),
+    "U3": ("I20",),
+    "U6": ("I20",),
+}
+"""The invariants an accepted finding's known behaviour breaks on the spec itself. A spec
+that breaks anything else under `Config.accept` has left what the model follows (e.g.
+pages owned twice after U1, whose allocation order upstream does not share)."""
+
+
+def within_accepted(accept, violation_ids) -> bool:
+    allowed = {i for a in accept for i in ACCEPTED_INVARIANTS.get(a, ())}
+    return set(violation_ids) <= allowed
+
+
+def accepts(s: State, finding: str) -> bool:
+    """`Config.accept`: the spec takes upstream's recorded behaviour for this finding
+    (docs/upstream-findings.md) instead of the fix."""
+    return finding in s.cfg.accept
+
+
+def _aliases_arrays(s: State) -> bool:
+    """Upstream's in-place token arrays (`Session._share_token_arrays`) matter only once
+    a live turn shares the array a new turn is built on, which U1 and U2 allow; accepting
+    either takes that consequence too (the fixed spec gives each request its own)."""
+    return accepts(s, "U1") or accepts(s, "U2")
+
+
 def _free_kv_aligned(s: State, row: int, target: int, end: int) -> None:
     """Free row[ceil_align(target):end): the partial page stays attached."""
     r = s.rows[row]
@@ -385,7 +429,7 @@ def find_active_slot(s: State, req: Req):
     if req.to_finish:
         sid = req.session
         _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
         req.session = None
         return None
     return slot
@@ -400,10 +444,11 @@ def _drop_parked_turn(s: State, sid: int, req: Req) -> None:
         release_session(s, sid)
 
 
-def _abort_req(s: State, sid: int, req: Req) -> None:
-    """`Session.abort_req`. FIX(H3): clears _inflight only for the in-flight request."""
+def _abort_req(s: State, sid: int, req: Req, unconditional: bool = False) -> None:
+    """`Session.abort_req`. FIX(H3): clears _inflight only for the in-flight request;
+    `unconditional` is upstream's `self._inflight = False` (an accepted finding)."""
     sess = s.sessions.get(sid)
-    if sess is not None and sess.inflight_rid == req.rid:
+    if sess is not None and (unconditional or sess.inflight_rid == req.rid):
         sess.inflight_rid = None
 
 
@@ -412,15 +457,37 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     sess = s.sessions.get(sid)
     if sess is None:
         return
-    if sess.inflight_rid == req.rid:
-        sess.inflight_rid = None
+    if sess.inflight_rid == req.rid or accepts(s, "U1"):
+        sess.inflight_rid = None        # FIX(H3); upstream: `self._inflight = False`
     sess.checkpoint = req.fill_ids
+    prev = s.reqs.get(sess.last_rid) if accepts(s, "U2") else None
+    if prev is not None:                # after an accepted U2: req_nodes' request still live
+        prev.session = None             # `prev_node.req.session = None` (even req itself)
+    sess.last_rid, sess.committed_origin = req.rid, req.origin
+    sess.last_unfinished = req.finished_reason is None     # a retract under accepted U2
+    req.array_of = sid                  # req_nodes' request: the next turn extends its array
+
+
+def _sync_checkpoints(s: State) -> None:
+    """Upstream has no checkpoint copy: `create_req` reads req_nodes' request
+    (`origin_input_ids[:committed_origin_len] + output_ids[:max_new_tokens]`). A request
+    still live after its `finish_req` (a retract under accepted U2) moves it."""
+    for sess in s.sessions.values():
+        r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
+        if r is not None and r.array_of == sess.sid:
+            sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
+
+
+def _close_waits(sess: Session) -> bool:
+    """`SessionController._close` defers while `_inflight`, or while req_nodes' request
+    has not finished (possible only after an accepted U2: a retract ran finish_req)."""
+    return sess.inflight_rid is not None or sess.last_unfinished
 
 
 def _maybe_close(s: State, sid: int) -> None:
     """A deferred close is carried out once the turn in flight has ended."""
     sess = s.sessions.get(sid)
-    if sess is not None and sess.close_pending and sess.inflight_rid is None:
+    if sess is not None and sess.close_pending and not _close_waits(sess):
         release_session(s, sid)
         del s.sessions[sid]
 
@@ -435,7 +502,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
             if slot is not None:
                 dec_lock_ref(s, slot.last_node)
                 del s.slots[sid]
-            _abort_req(s, sid, req)
+            _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
             req.session = None
             _release_plain(s, req, is_insert=True)
             return
@@ -447,7 +514,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
         req.locked = False              # the lock goes with the slot
         release_session(s, sid)
         req.row = None
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
         _mark_kv_freed(req)
         return
     is_first = slot is None
@@ -591,14 +658,19 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
     slot.protected = req.protected
 
 
-def _sync_borrowed(s: State) -> None:
+def _sync_borrowed(s: State, acting=None) -> None:
     """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
-    lengths are the turn's while it borrows it."""
-    for r in s.reqs.values():
+    lengths are the turn's while it borrows it. Two turns on one slot (only after an
+    accepted U1) share that one record: the operation's own turn wrote it last."""
+    borrowers = []
+    for r in sorted(s.reqs.values(), key=lambda r: r.rid == acting):
         slot = s.slots.get(r.session) if r.session is not None else None
         if slot is not None and r.row is not None and r.row == slot.row \
                 and r.last_node == ("virtual", r.session):
             slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
+            borrowers.append((r, slot))
+    for r, slot in borrowers:
+        r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
 
 
 def _prefill_done(s: State, req: Req) -> None:
@@ -608,7 +680,7 @@ def _prefill_done(s: State, req: Req) -> None:
     slot its admission lock and match length (DOMAIN.md 4.3). Otherwise
     `cache_unfinished_req(req)` publishes the prompt."""
     if req.to_finish:
-        req.finished_reason = "abort"
+        _finished(s, req, "abort")
         release_kv_cache(s, req)
         del s.reqs[req.rid]
         return
@@ -688,14 +760,23 @@ def _lookahead(s: State, req: Req) -> None:
 
 def _finish(s: State, req: Req) -> None:
     _lookahead(s, req)
-    req.finished_reason = "length"
+    _finished(s, req, "length")
     req.finished_len = min(len(req.output), req.max_new_tokens)
     release_kv_cache(s, req)
     del s.reqs[req.rid]
 
 
+def _finished(s: State, req: Req, reason: str) -> None:
+    """`finished_reason` is set; a session whose req_nodes' request it is (still live only
+    after an accepted U2) no longer waits for it to close."""
+    req.finished_reason = reason
+    for sess in s.sessions.values():
+        if sess.last_rid == req.rid:
+            sess.last_unfinished = False
+
+
 def _abort_running(s: State, req: Req) -> None:
-    req.finished_reason = "abort"
+    _finished(s, req, "abort")
     release_kv_cache(s, req)
     del s.reqs[req.rid]
 
@@ -705,9 +786,29 @@ def _abort_queued(s: State, req: Req) -> None:
     also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
     if _is_streaming(req):
         sid = req.session
+        if s.cfg.era == "wrapper" and accepts(s, "U3"):
+            del s.reqs[req.rid]         # 0.5.15 Scheduler.abort_request: no session call
+            return
         _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req)
+        _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
     del s.reqs[req.rid]
+
+
+ABORT_STUB_ORIGIN = (0,)
+"""`Req.set_finish_with_abort` rebinds origin_input_ids to `array("q", [0])`."""
+
+
+def _pre_abort(req: Req) -> None:
+    """FINISH_ABORT on a queued request that has not been matched. A fresh request
+    (never run) is aborted by upstream only through `Req.set_finish_with_abort`
+    (validation in `handle_generate_request`, the grammar queue), which rebinds
+    origin_input_ids to a private one-token array; a retracted turn aborted by the
+    client in the iteration that retracted it (abort method 3: `to_finish` only, then
+    `retract_decode`) keeps its arrays."""
+    req.to_finish = True
+    if not req.is_retracted:
+        req.origin = ABORT_STUB_ORIGIN
+        req.array_of = None
 
 
 def _retract(s: State, req: Req) -> None:
@@ -715,7 +816,7 @@ def _retract(s: State, req: Req) -> None:
     _lookahead(s, req)
     if _is_streaming(req):
         req.finished_len = len(req.output)
-        try_cache_finished_req(s, req, checkpoint=False)
+        try_cache_finished_req(s, req, checkpoint=accepts(s, "U2"))
         req.finished_len = None
     else:
         _release_plain(s, req, is_insert=False)
@@ -736,15 +837,27 @@ def _submit_turn(s: State, op: O.SubmitTurn) -> str:
         s.reqs[op.rid] = Req(op.rid, op.sid, True, True, (0,), [], op.max_new_tokens,
                              to_finish=True)
         return "stub"
-    s.reqs[op.rid] = Req(op.rid, op.sid, True, False, sess.checkpoint + tuple(op.new_tokens),
-                         [], op.max_new_tokens)
+    origin = sess.checkpoint + tuple(op.new_tokens)
+    if sess.checkpoint and _aliases_arrays(s):
+        _share_token_arrays(s, op.sid, origin)
+    s.reqs[op.rid] = Req(op.rid, op.sid, True, False, origin, [], op.max_new_tokens,
+                         array_of=op.sid if sess.checkpoint else None)
     sess.inflight_rid = op.rid
     return "ok"
 
 
+def _share_token_arrays(s: State, sid: int, origin: tuple) -> None:
+    """Upstream `Session._share_token_arrays`: the new turn's origin_input_ids is the
+    checkpoint request's array, trimmed to the committed length and extended in place,
+    so every live request still on that array now reads the new turn's prompt."""
+    for r in s.reqs.values():
+        if r.array_of == sid:
+            r.origin = origin
+
+
 def _close_session(s: State, sid: int) -> str:
     sess = s.sessions[sid]
-    if sess.inflight_rid is not None:
+    if _close_waits(sess):
         sess.close_pending = True
         return "deferred"
     release_session(s, sid)
@@ -792,6 +905,12 @@ def refusal(s: State, op: O.Op) -> Optional[str]:
         return f"request {rid} does not exist (never submitted, or already finished)"
     if isinstance(op, (O.Schedule, O.AbortQueued)):
         return _phase_refusal(req, ("queued",))
+    if isinstance(op, O.QueueReject):
+        # at the queue door: not matched since it (re-)entered the queue (over-approximated:
+        # any time before its next schedule, not only at the door)
+        return (_phase_refusal(req, ("queued",))
+                or (f"request {rid} has matched a prefix since it entered the queue"
+                    if req.last_node is not None else None))
     if isinstance(op, O.PreAbort):
         # before matching: to_finish is set when a request is created or re-queued,
         # never on one that already matched (a restored request holds the slot's row)
@@ -880,11 +999,11 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     elif isinstance(op, O.Finish):
         _finish(s, req)
         out = "ok"
-    elif isinstance(op, O.AbortQueued):
+    elif isinstance(op, (O.AbortQueued, O.QueueReject)):
         _abort_queued(s, req)
         out = "ok"
     elif isinstance(op, O.PreAbort):
-        req.to_finish = True
+        _pre_abort(req)
         out = "ok"
     elif isinstance(op, O.AbortRunning):
         _abort_running(s, req)
@@ -902,5 +1021,7 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     for sid in list(s.sessions):        # the scheduler loop's maybe_reap, after the round:
         _maybe_close(s, sid)            # a deferred close whose turn has ended is carried out
     if s.cfg.era == "borrow":
-        _sync_borrowed(s)
+        _sync_borrowed(s, getattr(op, "rid", None))
+    if s.cfg.accept:
+        _sync_checkpoints(s)
     return s, out

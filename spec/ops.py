@@ -114,6 +114,16 @@ class AbortQueued(Op):
 
 
 @dataclass(frozen=True)
+class QueueReject(Op):
+    """`Scheduler._add_request_to_queue` refuses a request as it enters (or, retracted,
+    re-enters) the waiting queue: `_set_or_validate_priority` (a priority while priority
+    scheduling is off) or `_abort_on_queued_limit` (the queue is full). It leaves as a
+    queued abort does (0.5.22+: through `_release_aborted_request`)."""
+    name: ClassVar[str] = "queue_reject"
+    rid: Id
+
+
+@dataclass(frozen=True)
 class PreAbort(Op):
     """Set `to_finish = FINISH_ABORT` on a queued request before it is matched."""
     name: ClassVar[str] = "pre_abort"
@@ -153,7 +163,7 @@ OP_TYPES: dict[str, type[Op]] = {
     cls.name: cls
     for cls in (OpenSession, SubmitTurn, SubmitRequest, Schedule, PrefillChunk, Decode,
                 SpecDecode, Finish, AbortQueued, PreAbort, AbortRunning, Retract,
-                CloseSession, Evict)
+                CloseSession, Evict, QueueReject)
 }
 OP_NAMES = tuple(OP_TYPES)
 

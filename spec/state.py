@@ -63,6 +63,7 @@ class Req:
     committed_freed: bool = False           # kv_committed_freed
     overallocated_freed: bool = False       # kv_overallocated_freed
     is_retracted: bool = False
+    array_of: Optional[int] = None          # sid whose shared token array origin aliases
 
     @property
     def fill_ids(self) -> tuple:
@@ -99,9 +100,13 @@ class Session:
     inflight_rid: Optional[int] = None  # _inflight, with the identity of the turn (fixed H3)
     checkpoint: tuple = ()              # req_nodes' request: origin + output[:finished_len]
     close_pending: bool = False         # close_on_finish
+    last_rid: Optional[int] = None      # req_nodes' request (live only after an accepted U2)
+    committed_origin: tuple = ()        # its origin_input_ids[:committed_origin_len]
+    last_unfinished: bool = False       # that request has not finished (accepted U2)
 
     def copy(self) -> "Session":
-        return Session(self.sid, self.inflight_rid, self.checkpoint, self.close_pending)
+        return Session(self.sid, self.inflight_rid, self.checkpoint, self.close_pending,
+                       self.last_rid, self.committed_origin, self.last_unfinished)
 
 
 @dataclass

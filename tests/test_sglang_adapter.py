@@ -77,3 +77,47 @@ def test_era_mismatch_refused():
     from spec.config import Config
     with pytest.raises(SglangUnavailable, match="era"):
         SglangProxy(Config(era="borrow"), version="0.5.15")
+
+
+# -- issue 12: fidelity ---------------------------------------------------------------
+
+def _releases():
+    return [pytest.param(v, marks=pytest.mark.skipif(not (ROOT / f".venv-sglang-{v}/bin/python").exists(),
+                                                     reason=f"no .venv-sglang-{v}"))
+            for v in ("0.5.15", "0.5.23")]
+
+
+@pytest.mark.parametrize("version", _releases())
+def test_pre_abort_of_a_fresh_turn_is_upstreams_set_finish_with_abort(version):
+    from adapters.sglang.proxy import make_backend
+    from spec import ops as O
+    from spec.config import Config
+    cfg = Config(num_pages=32, era="wrapper" if version == "0.5.15" else "borrow")
+    b = make_backend(cfg, version)
+    for op in (O.OpenSession(1), O.SubmitTurn(1, 1, (11, 12, 13), 2), O.Schedule(1),
+               O.Decode(1, 7), O.SubmitTurn(1, 2, (21, 22), 2), O.PreAbort(2)):
+        b.apply(op)
+    (r,) = [r for r in b.abstract().reqs if r.rid == 2]
+    assert r.fill_ids == (0,) and r.to_finish
+    b.close()
+
+
+@pytest.mark.skipif(not PY523.exists(), reason="no .venv-sglang-0.5.23")
+def test_u6_is_accepted_once_recorded():
+    import dataclasses
+    from adapters.sglang.proxy import make_backend
+    from kvcheck.checker import run_ops
+    from kvcheck.trace import load
+    tr = load(ROOT / "stateful_tests/upstream/u6-queued-stub-sglang-0.5.23.json")
+    cfg = dataclasses.replace(tr.config, accept=("U1", "U2", "U6"))
+    b = make_backend(cfg, "0.5.23")
+    assert run_ops(cfg, tr.ops, b, backend_name=b.name).ok
+
+
+@need_515
+def test_conformance_runs_the_release_past_the_first_failure(capsys):
+    from adapters.sglang.conformance import main
+    assert main(["--version", "0.5.15", "--past-failure",
+                 str(ROOT / "stateful_tests/upstream/h3-sglang-0.5.15.json")]) == 0
+    out = capsys.readouterr().out
+    assert "past the first failure" in out and "step   9" in out and "I26" in out

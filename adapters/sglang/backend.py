@@ -455,9 +455,22 @@ class SglangBackend:
             self._abort_queued_borrow(L)
         return "ok"
 
+    def _op_queue_reject(self, op):
+        """Scheduler._add_request_to_queue refuses the request (_set_or_validate_priority
+        or _abort_on_queued_limit): 0.5.15 returns with no cache or session call;
+        0.5.22+ calls _release_aborted_request, as the waiting-queue abort does."""
+        return self._op_abort_queued(op)
+
     def _op_pre_abort(self, op):
+        """A fresh request: upstream's own `Req.set_finish_with_abort` (the validation
+        aborts of handle_generate_request; one-token prompt). A retracted one: abort
+        method 3 (`to_finish` only) landed in the iteration that retracted it."""
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
-        self.live[op.rid].req.to_finish = FINISH_ABORT()
+        req = self.live[op.rid].req
+        if req.is_retracted:
+            req.to_finish = FINISH_ABORT()
+        else:
+            req.set_finish_with_abort("kvcheck: pre_abort")
         return "ok"
 
     def _op_abort_running(self, op):

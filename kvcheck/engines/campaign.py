@@ -25,6 +25,8 @@ class Campaign:
     seed: int
     backend: str
     spec_enabled: Optional[bool] = None
+    accept: tuple = ()
+    """Recorded upstream findings whose behaviour the spec takes (`--accept`)."""
 
     @property
     def chunk_unit(self) -> int:
@@ -59,7 +61,9 @@ def _setup(c: Campaign):
         kw["era"] = era
     if c.spec_enabled is not None:
         kw["spec_enabled"] = c.spec_enabled
-    return factory, bname, kw, known_findings(c.backend)
+    if c.accept:
+        kw["accept"] = c.accept
+    return factory, bname, kw, known_findings(c.backend, c.accept)
 
 
 def run_chunk(c: Campaign, start: int, count: int, planted: tuple = ()) -> ChunkResult:

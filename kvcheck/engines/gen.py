@@ -72,8 +72,9 @@ def one_in(d: Drawer, n: int, label: str = "go") -> bool:
 # -- configurations --------------------------------------------------------------------
 
 def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
-                era: Optional[str] = None) -> Config:
-    """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era."""
+                era: Optional[str] = None, accept: tuple = ()) -> Config:
+    """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
+    `accept`: the recorded findings whose upstream behaviour the spec takes."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
@@ -87,6 +88,7 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
         max_drafts=3,
         overlap=boolean(d, "overlap"),
         era=era or d.choice(ERA_WEIGHTS, "era"),
+        accept=tuple(accept),
     )
 
 
@@ -223,6 +225,7 @@ ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
     "spec_decode": _spec_decode,
     "finish": _rid_op(O.Finish, "decode"),
     "abort_queued": _rid_op(O.AbortQueued, "queued"),
+    "queue_reject": _rid_op(O.QueueReject, "queued"),
     "pre_abort": _rid_op(O.PreAbort, "queued"),
     "abort_running": _rid_op(O.AbortRunning, "prefill", "decode"),
     "retract": _rid_op(O.Retract, "decode"),

@@ -32,8 +32,9 @@ process (a driver clears it before a run)."""
 
 
 @st.composite
-def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None):
-    return draw_config(HypothesisDrawer(draw, labelled=False), page_sizes, spec_enabled, era)
+def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None, accept=()):
+    return draw_config(HypothesisDrawer(draw, labelled=False), page_sizes, spec_enabled, era,
+                       accept)
 
 
 def _op_rule(name: str, guard, one_in: int = 1):
@@ -153,6 +154,7 @@ class KVMachine(RuleBasedStateMachine):
     spec_decode = _op_rule("spec_decode", lambda self: self.has("decode") and self.cfg.spec_enabled)
     finish = _op_rule("finish", lambda self: self.has("decode"))
     abort_queued = _op_rule("abort_queued", lambda self: self.has("queued"), one_in=5)
+    queue_reject = _op_rule("queue_reject", lambda self: self.has("queued"), one_in=5)
     pre_abort = _op_rule("pre_abort", lambda self: self.has("queued"), one_in=5)
     abort_running = _op_rule("abort_running", lambda self: self.has("prefill", "decode"), one_in=3)
     retract = _op_rule("retract", lambda self: self.has("decode"))
