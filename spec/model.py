@@ -465,7 +465,9 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
         prev.session = None             # `prev_node.req.session = None` (even req itself)
     sess.last_rid, sess.committed_origin = req.rid, req.origin
     sess.last_unfinished = req.finished_reason is None     # a retract under accepted U2
-    req.array_of = sid                  # req_nodes' request: the next turn extends its array
+    if req.array_of is None:            # a turn built on no checkpoint has its own array
+        req.array_of = req.rid
+    sess.last_array = req.array_of      # req_nodes' request: the next turn extends its array
 
 
 def _sync_checkpoints(s: State) -> None:
@@ -474,7 +476,7 @@ def _sync_checkpoints(s: State) -> None:
     still live after its `finish_req` (a retract under accepted U2) moves it."""
     for sess in s.sessions.values():
         r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
-        if r is not None and r.array_of == sess.sid:
+        if r is not None and r.array_of == sess.last_array:
             sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
 
 
@@ -838,20 +840,23 @@ def _submit_turn(s: State, op: O.SubmitTurn) -> str:
                              to_finish=True)
         return "stub"
     origin = sess.checkpoint + tuple(op.new_tokens)
-    if sess.checkpoint and _aliases_arrays(s):
-        _share_token_arrays(s, op.sid, origin)
+    array = sess.last_array if sess.checkpoint else None
+    if array is not None and _aliases_arrays(s):
+        _share_token_arrays(s, array, origin)
     s.reqs[op.rid] = Req(op.rid, op.sid, True, False, origin, [], op.max_new_tokens,
-                         array_of=op.sid if sess.checkpoint else None)
+                         array_of=array)
     sess.inflight_rid = op.rid
     return "ok"
 
 
-def _share_token_arrays(s: State, sid: int, origin: tuple) -> None:
+def _share_token_arrays(s: State, array: int, origin: tuple) -> None:
     """Upstream `Session._share_token_arrays`: the new turn's origin_input_ids is the
-    checkpoint request's array, trimmed to the committed length and extended in place,
-    so every live request still on that array now reads the new turn's prompt."""
+    checkpoint request's (req_nodes') array, trimmed to the committed length and
+    extended in place, so every live request still on that array now reads the new
+    turn's prompt. A turn built on an earlier checkpoint is on an earlier request's
+    array and keeps its prompt: one session can hold several arrays."""
     for r in s.reqs.values():
-        if r.array_of == sid:
+        if r.array_of == array:
             r.origin = origin
 
 
