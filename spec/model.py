@@ -476,8 +476,14 @@ def _sync_checkpoints(s: State) -> None:
     still live after its `finish_req` (a retract under accepted U2) moves it."""
     for sess in s.sessions.values():
         r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
-        if r is not None and r.array_of == sess.last_array:
-            sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
+        if r is not None:
+            _sync_checkpoint(sess, r)
+
+
+def _sync_checkpoint(sess: Session, r: Req) -> None:
+    """The checkpoint req_nodes' request `r` gives while its arrays are still its own."""
+    if r.array_of == sess.last_array:
+        sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
 
 
 def _close_waits(sess: Session) -> bool:
@@ -663,13 +669,17 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
 def _sync_borrowed(s: State, acting=None) -> None:
     """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
     lengths are the turn's while it borrows it. Two turns on one slot (only after an
-    accepted U1) share that one record: the operation's own turn wrote it last."""
+    accepted U1) share that one record: the operation's own turn wrote it last, or, if
+    that turn no longer borrows it (finished, retracted), the slot holds what it wrote. A
+    turn detached from its session after it borrowed (a second `finish_req` under
+    accepted U2) still holds the record: its virtual anchor names the slot."""
     borrowers = []
-    for r in sorted(s.reqs.values(), key=lambda r: r.rid == acting):
-        slot = s.slots.get(r.session) if r.session is not None else None
-        if slot is not None and r.row is not None and r.row == slot.row \
-                and r.last_node == ("virtual", r.session):
-            slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
+    for r in s.reqs.values():
+        sid = r.last_node[1] if r.last_node and r.last_node[0] == "virtual" else None
+        slot = s.slots.get(sid)
+        if slot is not None and r.row is not None and r.row == slot.row:
+            if r.rid == acting:
+                slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
             borrowers.append((r, slot))
     for r, slot in borrowers:
         r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
@@ -770,11 +780,14 @@ def _finish(s: State, req: Req) -> None:
 
 def _finished(s: State, req: Req, reason: str) -> None:
     """`finished_reason` is set; a session whose req_nodes' request it is (still live only
-    after an accepted U2) no longer waits for it to close."""
+    after an accepted U2) no longer waits for it to close, and keeps the checkpoint the
+    request's last output gives (a turn detached by a second `finish_req` finishes as a
+    plain request, but req_nodes still reads its arrays)."""
     req.finished_reason = reason
     for sess in s.sessions.values():
         if sess.last_rid == req.rid:
             sess.last_unfinished = False
+            _sync_checkpoint(sess, req)
 
 
 def _abort_running(s: State, req: Req) -> None:

@@ -114,6 +114,20 @@ def test_accept_u1_a_new_turn_rewrites_the_live_turn_on_its_array():
     assert s.reqs[4].origin == s.reqs[6].origin == (11, 12, 1, 7, 8, 31, 1, 51)
 
 
+def test_accept_u2_a_detached_turn_still_holds_its_slots_record():
+    tr = load(ROOT / "stateful_tests/upstream/u2-detached-turn-keeps-slot-record-sglang-0.5.23.json")
+    s, _ = run(tr.config, tr.ops)
+    assert s.reqs[3].session is None                          # the next turn's finish_req
+    assert s.reqs[3].committed == s.slots[2].committed == 13  # req.kv is slot.kv
+
+
+def test_accept_u2_a_detached_turn_moves_the_checkpoint_as_it_finishes():
+    tr = load(ROOT / "stateful_tests/upstream/u2-detached-turn-moves-checkpoint-sglang-0.5.23.json")
+    s, _ = run(tr.config, tr.ops)
+    assert 5 not in s.reqs                                    # finished at its last sample
+    assert s.sessions[3].checkpoint == (5, 6, 3, 3, 1, 1, 3, 1, 3, 4, 2, 1)
+
+
 STUB_DROP = [O.OpenSession(6), O.SubmitTurn(6, 9, (1, 3, 2, 3), 3),
              O.SubmitTurn(6, 10, (3, 4), 1), O.QueueReject(10)]
 
