@@ -787,7 +787,8 @@ def _finished(s: State, req: Req, reason: str) -> None:
     for sess in s.sessions.values():
         if sess.last_rid == req.rid:
             sess.last_unfinished = False
-            _sync_checkpoint(sess, req)
+            if accepts(s, "U2"):        # req_nodes' request is live only after a U2 retract
+                _sync_checkpoint(sess, req)
 
 
 def _abort_running(s: State, req: Req) -> None:
