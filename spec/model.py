@@ -465,7 +465,9 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
         prev.session = None             # `prev_node.req.session = None` (even req itself)
     sess.last_rid, sess.committed_origin = req.rid, req.origin
     sess.last_unfinished = req.finished_reason is None     # a retract under accepted U2
-    req.array_of = sid                  # req_nodes' request: the next turn extends its array
+    if req.array_of is None:            # a turn built on no checkpoint has its own array
+        req.array_of = req.rid
+    sess.last_array = req.array_of      # req_nodes' request: the next turn extends its array
 
 
 def _sync_checkpoints(s: State) -> None:
@@ -474,8 +476,14 @@ def _sync_checkpoints(s: State) -> None:
     still live after its `finish_req` (a retract under accepted U2) moves it."""
     for sess in s.sessions.values():
         r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
-        if r is not None and r.array_of == sess.sid:
-            sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
+        if r is not None:
+            _sync_checkpoint(sess, r)
+
+
+def _sync_checkpoint(sess: Session, r: Req) -> None:
+    """The checkpoint req_nodes' request `r` gives while its arrays are still its own."""
+    if r.array_of == sess.last_array:
+        sess.checkpoint = sess.committed_origin + tuple(r.output[:r.max_new_tokens])
 
 
 def _close_waits(sess: Session) -> bool:
@@ -661,13 +669,17 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
 def _sync_borrowed(s: State, acting=None) -> None:
     """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
     lengths are the turn's while it borrows it. Two turns on one slot (only after an
-    accepted U1) share that one record: the operation's own turn wrote it last."""
+    accepted U1) share that one record: the operation's own turn wrote it last, or, if
+    that turn no longer borrows it (finished, retracted), the slot holds what it wrote. A
+    turn detached from its session after it borrowed (a second `finish_req` under
+    accepted U2) still holds the record: its virtual anchor names the slot."""
     borrowers = []
-    for r in sorted(s.reqs.values(), key=lambda r: r.rid == acting):
-        slot = s.slots.get(r.session) if r.session is not None else None
-        if slot is not None and r.row is not None and r.row == slot.row \
-                and r.last_node == ("virtual", r.session):
-            slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
+    for r in s.reqs.values():
+        sid = r.last_node[1] if r.last_node and r.last_node[0] == "virtual" else None
+        slot = s.slots.get(sid)
+        if slot is not None and r.row is not None and r.row == slot.row:
+            if r.rid == acting:
+                slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
             borrowers.append((r, slot))
     for r, slot in borrowers:
         r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
@@ -768,11 +780,15 @@ def _finish(s: State, req: Req) -> None:
 
 def _finished(s: State, req: Req, reason: str) -> None:
     """`finished_reason` is set; a session whose req_nodes' request it is (still live only
-    after an accepted U2) no longer waits for it to close."""
+    after an accepted U2) no longer waits for it to close, and keeps the checkpoint the
+    request's last output gives (a turn detached by a second `finish_req` finishes as a
+    plain request, but req_nodes still reads its arrays)."""
     req.finished_reason = reason
     for sess in s.sessions.values():
         if sess.last_rid == req.rid:
             sess.last_unfinished = False
+            if accepts(s, "U2"):        # req_nodes' request is live only after a U2 retract
+                _sync_checkpoint(sess, req)
 
 
 def _abort_running(s: State, req: Req) -> None:
@@ -838,20 +854,23 @@ def _submit_turn(s: State, op: O.SubmitTurn) -> str:
                              to_finish=True)
         return "stub"
     origin = sess.checkpoint + tuple(op.new_tokens)
-    if sess.checkpoint and _aliases_arrays(s):
-        _share_token_arrays(s, op.sid, origin)
+    array = sess.last_array if sess.checkpoint else None
+    if array is not None and _aliases_arrays(s):
+        _share_token_arrays(s, array, origin)
     s.reqs[op.rid] = Req(op.rid, op.sid, True, False, origin, [], op.max_new_tokens,
-                         array_of=op.sid if sess.checkpoint else None)
+                         array_of=array)
     sess.inflight_rid = op.rid
     return "ok"
 
 
-def _share_token_arrays(s: State, sid: int, origin: tuple) -> None:
+def _share_token_arrays(s: State, array: int, origin: tuple) -> None:
     """Upstream `Session._share_token_arrays`: the new turn's origin_input_ids is the
-    checkpoint request's array, trimmed to the committed length and extended in place,
-    so every live request still on that array now reads the new turn's prompt."""
+    checkpoint request's (req_nodes') array, trimmed to the committed length and
+    extended in place, so every live request still on that array now reads the new
+    turn's prompt. A turn built on an earlier checkpoint is on an earlier request's
+    array and keeps its prompt: one session can hold several arrays."""
     for r in s.reqs.values():
-        if r.array_of == sid:
+        if r.array_of == array:
             r.origin = origin
 
 

@@ -63,7 +63,8 @@ class Req:
     committed_freed: bool = False           # kv_committed_freed
     overallocated_freed: bool = False       # kv_overallocated_freed
     is_retracted: bool = False
-    array_of: Optional[int] = None          # sid whose shared token array origin aliases
+    array_of: Optional[int] = None          # id of the token array origin is (the rid that
+                                            # created it); None: a private array
 
     @property
     def fill_ids(self) -> tuple:
@@ -103,10 +104,12 @@ class Session:
     last_rid: Optional[int] = None      # req_nodes' request (live only after an accepted U2)
     committed_origin: tuple = ()        # its origin_input_ids[:committed_origin_len]
     last_unfinished: bool = False       # that request has not finished (accepted U2)
+    last_array: Optional[int] = None    # its token array: the next turn extends it in place
 
     def copy(self) -> "Session":
         return Session(self.sid, self.inflight_rid, self.checkpoint, self.close_pending,
-                       self.last_rid, self.committed_origin, self.last_unfinished)
+                       self.last_rid, self.committed_origin, self.last_unfinished,
+                       self.last_array)
 
 
 @dataclass

@@ -88,6 +88,46 @@ def test_accept_u2_retract_runs_finish_req():
     assert known.sessions[1].checkpoint == known.reqs[2].fill_ids
 
 
+# Issue 12, the r351 divergence: a session holds one token array per checkpoint request,
+# not one array (the trace kept as stateful_tests/upstream/u1-two-arrays-one-session-*).
+TWO_ARRAYS = [O.OpenSession(1), O.SubmitTurn(1, 1, (11, 12), 3), O.Schedule(1),
+              O.SubmitTurn(1, 2, (13,), 2), O.Schedule(2),            # stub detach: U1
+              O.SubmitTurn(1, 3, (21, 22, 23, 24, 25, 26, 27), 1),    # no checkpoint: own array
+              O.Decode(1, 7), O.Decode(1, 8),                         # turn 1 finishes
+              O.SubmitTurn(1, 4, (31,), 2),                           # on turn 1's array
+              O.Schedule(3),                                          # turn 3 finishes
+              O.SubmitTurn(1, 5, (41,), 2)]                           # extends turn 3's array
+
+
+@pytest.mark.parametrize("era", ["wrapper", "borrow"])
+def test_accept_u1_a_new_turn_rewrites_only_req_nodes_array(era):
+    s, outs = run(Config(num_pages=32, era=era, accept=("U1",)), TWO_ARRAYS)
+    assert outs[-1] == "ok"
+    assert s.reqs[4].origin == (11, 12, 1, 7, 8, 31)              # turn 1's array: untouched
+    assert s.reqs[5].origin == (21, 22, 23, 24, 25, 26, 27, 1, 41)
+
+
+def test_accept_u1_a_new_turn_rewrites_the_live_turn_on_its_array():
+    ops = TWO_ARRAYS[:9] + [O.Schedule(4), O.Retract(4)]
+    s, _ = run(Config(num_pages=32, accept=("U1", "U2")), ops)    # turn 4 is req_nodes' now
+    s, _ = step(s, O.SubmitTurn(1, 6, (51,), 2))
+    assert s.reqs[4].origin == s.reqs[6].origin == (11, 12, 1, 7, 8, 31, 1, 51)
+
+
+def test_accept_u2_a_detached_turn_still_holds_its_slots_record():
+    tr = load(ROOT / "stateful_tests/upstream/u2-detached-turn-keeps-slot-record-sglang-0.5.23.json")
+    s, _ = run(tr.config, tr.ops)
+    assert s.reqs[3].session is None                          # the next turn's finish_req
+    assert s.reqs[3].committed == s.slots[2].committed == 13  # req.kv is slot.kv
+
+
+def test_accept_u2_a_detached_turn_moves_the_checkpoint_as_it_finishes():
+    tr = load(ROOT / "stateful_tests/upstream/u2-detached-turn-moves-checkpoint-sglang-0.5.23.json")
+    s, _ = run(tr.config, tr.ops)
+    assert 5 not in s.reqs                                    # finished at its last sample
+    assert s.sessions[3].checkpoint == (5, 6, 3, 3, 1, 1, 3, 1, 3, 4, 2, 1)
+
+
 STUB_DROP = [O.OpenSession(6), O.SubmitTurn(6, 9, (1, 3, 2, 3), 3),
              O.SubmitTurn(6, 10, (3, 4), 1), O.QueueReject(10)]
 

@@ -20,8 +20,9 @@ KV content: upstream stores no token ids next to its KV indices (the KV tensors 
 never computed here). The adapter keeps a shadow record `kv index -> token id` of every
 KV write the emulated forward makes (prefill chunk, decode, speculative accept,
 overlap lookahead), and clears a page's record whenever upstream's allocator frees it
-(observed by wrapping the allocator instance's `free`, which is otherwise called
-through). `abstract()` builds the content from that record with spec.abstract.build_content,
+(observed by wrapping the allocator instance's `free`, and `free_page_ids` where the
+release has it: 0.5.23's paged `free_segment` frees through it, not through `free`;
+both are otherwise called through). `abstract()` builds the content from that record with spec.abstract.build_content,
 so a token/KV mismatch produced by upstream's index bookkeeping is visible.
 """
 from __future__ import annotations
@@ -232,6 +233,19 @@ class SglangBackend:
             return real_free(free_index)
 
         self.alloc.free = free
+        real_free_page_ids = getattr(self.alloc, "free_page_ids", None)
+        if real_free_page_ids is None:
+            return
+
+        def free_page_ids(page_ids):
+            # 0.5.23 paged allocator: free_segment (tree eviction, segment frees) releases
+            # page ids here, never through free()
+            for page in set(page_ids.to("cpu").long().tolist()):
+                for o in range(P):
+                    shadow.pop(page * P + o, None)
+            return real_free_page_ids(page_ids)
+
+        self.alloc.free_page_ids = free_page_ids
 
     # -- small upstream-named helpers ---------------------------------------------
 
