@@ -1,7 +1,6 @@
 """`kvcheck fuzz` and `kvcheck selftest` as commands (the campaign is kvcheck.fuzz)."""
 from __future__ import annotations
 
-import math
 import statistics
 import sys
 from pathlib import Path
@@ -13,18 +12,10 @@ INTERRUPTED = 130
 
 def _budget(args, default_seconds: float) -> tuple:
     """(rounds, seconds) from --rounds / --seconds; the seconds default applies only
-    when no count is given."""
+    when no count is given. Every range was checked while parsing (kvcheck.argtypes)."""
     rounds, seconds = getattr(args, "rounds", None), args.seconds
-    if rounds is not None and rounds < 1:
-        raise UsageError(f"--rounds must be >= 1, got {rounds}")
-    if seconds is None:
-        seconds = None if rounds is not None else default_seconds
-    elif not math.isfinite(seconds) or seconds <= 0:
-        raise UsageError(f"--seconds must be a positive number, got {seconds}")
-    if getattr(args, "shrink_replays", 1) < 0:
-        raise UsageError(f"--shrink-replays must be >= 0, got {args.shrink_replays}")
-    if getattr(args, "workers", 1) < 1:
-        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if seconds is None and rounds is None:
+        seconds = default_seconds
     return rounds, seconds
 
 
