@@ -142,9 +142,14 @@ def cmd_check(args) -> int:
 
     def prove():
         import proofs
-        res = proofs.run_all(verbose=False)
+        from proofs.cache import cache_at
+        no_cache = getattr(args, "no_cache", False)
+        res = proofs.run_all(verbose=False, cache=cache_at(None if no_cache else args.out))
         print(proofs.report(res))
-        return proofs.ok(res), f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
+        reused = sum(r.cached for r in res)
+        return proofs.ok(res), (f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
+                                + (f" ({reused} reused: covered sources unchanged; --no-cache "
+                                   "reruns them)" if reused else ""))
 
     def planted():
         from kvcheck.trace import load

@@ -34,7 +34,9 @@ def cmd_explore(args) -> int:
 
 def cmd_prove(args) -> int:
     import proofs
-    res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair)
+    from proofs.cache import cache_at
+    res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
+                         cache=cache_at(None if args.no_cache else args.out))
     print(proofs.report(res))
     return EXIT_OK if proofs.ok(res) else EXIT_FINDING
 
@@ -69,6 +71,13 @@ def _accept_flag(p) -> None:
                    help="recorded upstream findings (docs/upstream-findings.md) whose behaviour "
                         "the spec takes, so a run drives their paths; spec or sglang backends "
                         "only (None: the fixed behaviour)")
+
+
+def _no_cache_flag(p) -> None:
+    p.add_argument("--no-cache", action="store_true",
+                   help="rerun every proof; by default a proof whose covered sources (spec/pages.py, "
+                        "the proof module) are unchanged since it last passed is reused from "
+                        "OUT/.kvcheck-cache/proofs.json (a failure is never cached)")
 
 
 # ---------------------------------------------------------------------------
@@ -125,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where failure traces go")
     c.add_argument("--skip-explore", action="store_true", help="leave out exhaustive exploration")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
+    _no_cache_flag(c)
     c.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                    help="the differential part's fuzz engine (walk or hypothesis)")
     c.add_argument("--junit-xml", type=T.writable_file, metavar="FILE",
@@ -186,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
                   "kvcheck prove -v --no-crosshair", cmd_prove)
     pr.add_argument("-v", "--verbose", action="store_true", help="print each result as it finishes")
     pr.add_argument("--no-crosshair", action="store_true", help="z3 only, skip the CrossHair run")
+    pr.add_argument("--out", type=T.writable_dir, default=FAILURES,
+                    help="output directory; proof results are cached in OUT/.kvcheck-cache")
+    _no_cache_flag(pr)
 
     x = _command(sub, "explain", "what a failure id (I*, C*, L*, D1, D2, E1, M1, X1) means",
                  "kvcheck explain I20 X1", cmd_explain)

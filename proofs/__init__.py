@@ -2,7 +2,7 @@
 size), 1-induction of the accounting identity over abstract counters, negative controls
 that must be refuted, and CrossHair on the spec's PEP 316 contracts.
 
-    proofs.run_all(verbose) -> list[Result]
+    proofs.run_all(verbose, crosshair, cache, only) -> list[Result]
     proofs.report(results) -> str
     python -m proofs          (exit 1 unless every lemma is proved and every control refuted)
 """
@@ -17,15 +17,25 @@ from proofs.core import Result
 __all__ = ["Result", "run_all", "report", "ok"]
 
 
-def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
+LEMMA_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "proofs/lemmas.py")
+INDUCTION_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "proofs/induction.py")
+"""What each z3 unit's outcome depends on (proofs/cache.py hashes these files)."""
+
+
+def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
+            only: str | None = None) -> list[Result]:
+    """Every proof unit; `cache` (proofs.cache.ProofCache) reuses a unit whose covered
+    sources are unchanged since it last passed; `only`: units whose name contains it."""
+    from proofs import induction as I
+    from proofs import lemmas as L
+    from proofs.cache import cached_unit, digest, source_key
     from proofs.crosshair_check import run_crosshair
-    from proofs.induction import run_induction
-    from proofs.lemmas import LEMMAS, run_lemma
 
     box: list = []
     th = None
     if crosshair:  # CrossHair runs in subprocesses, concurrently with z3
-        th = threading.Thread(target=lambda: box.extend(run_crosshair()), daemon=True)
+        th = threading.Thread(target=lambda: box.extend(run_crosshair(cache=cache, only=only)),
+                              daemon=True)
         th.start()
     results: list[Result] = []
 
@@ -34,12 +44,20 @@ def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
         for r in rs:            # each result as it completes (verbose: with its detail)
             print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
 
-    for lem in LEMMAS:
-        emit(run_lemma(lem))
-    emit(run_induction())
+    lemma_key = source_key(*LEMMA_SOURCES)
+    for lem in L.LEMMAS:
+        name = getattr(lem, "name", str(lem))
+        if only is None or only in name:
+            emit(cached_unit(cache, name, digest(lemma_key, name), lambda lem=lem: L.run_lemma(lem)))
+    induction_key = source_key(*INDUCTION_SOURCES)
+    for name, run in I.units():
+        if only is None or only in name:
+            emit(cached_unit(cache, name, digest(induction_key, name), run))
     if th is not None:
         th.join()
         emit(box)
+    if cache is not None:
+        cache.save()
     return results
 
 
@@ -56,7 +74,8 @@ def _word(r: Result) -> str:
 def _line(r: Result) -> str:
     mark = "ok  " if r.ok else "FAIL"
     exp = "" if r.ok else f" (expected {r.expected})"
-    s = f"{mark} {_word(r):8s} {r.seconds:6.2f}s  {r.name}{exp}"
+    took = " cached" if r.cached else f"{r.seconds:6.2f}s"
+    s = f"{mark} {_word(r):8s} {took:>7s}  {r.name}{exp}"
     if r.detail and (not r.ok or r.kind in ("control", "crosshair", "induction")):
         s += f"\n{'':22s}{r.detail}"
     return s
@@ -74,9 +93,12 @@ def report(results: list[Result]) -> str:
         lines.append(f"== {title}")
         lines.extend(_line(r) for r in rs)
     n_bad = sum(not r.ok for r in results)
-    total = sum(r.seconds for r in results if not r.name.startswith("crosshair"))
+    total = sum(r.seconds for r in results
+                if not r.name.startswith("crosshair") and not r.cached)
+    n_cached = sum(r.cached for r in results)
     lines.append(f"== {len(results) - n_bad}/{len(results)} as expected"
                  f" ({sum(r.kind == 'lemma' or r.kind == 'induction' for r in results)} proofs, "
                  f"{sum(r.kind == 'control' for r in results)} controls); z3 {total:.1f}s in all"
+                 + (f"; {n_cached} reused from the cache (sources unchanged)" if n_cached else "")
                  + ("" if not n_bad else f"; {n_bad} NOT as expected"))
     return "\n".join(lines)

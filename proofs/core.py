@@ -27,6 +27,7 @@ class Result:
     expected: str = "proved"   # a negative control expects "refuted"
     detail: str = ""
     model: dict = field(default_factory=dict)
+    cached: bool = False       # reused from proofs/cache.py (same sources, same tools)
 
     @property
     def ok(self) -> bool:

@@ -15,7 +15,7 @@ def test_results_stream_one_line_each_before_the_run_ends(monkeypatch, capsys):
 
     monkeypatch.setattr(lemmas, "LEMMAS", ["a", "b"])
     monkeypatch.setattr(lemmas, "run_lemma", fake_lemma)
-    monkeypatch.setattr(induction, "run_induction", lambda: [])
+    monkeypatch.setattr(induction, "units", lambda: [])
     res = proofs.run_all(verbose=False, crosshair=False)
     assert [r.name for r in res] == ["lemma a", "lemma b"]
     assert seen_before_second[0] == "" and "lemma a" in seen_before_second[1]
