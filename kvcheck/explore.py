@@ -26,6 +26,7 @@ import argparse
 import itertools
 import sys
 import time
+from array import array
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -614,28 +615,71 @@ class Result:
     reached: dict = field(default_factory=dict)           # situation id -> depth
     violations: list = field(default_factory=list)        # Found, first per id
     level_sizes: list = field(default_factory=list)
+    visited: tuple = field(default=(), repr=False)      # (seen set, parents, via)
+
+    def bytes_per_state(self, sample: int = 2000) -> float:
+        """Memory of the visited set and the parent links per distinct state (a sample of
+        the keys sized deeply, so that whole keys are counted with their contents)."""
+        if not self.visited:
+            return 0.0
+        seen, parents, via = self.visited
+        keys = list(itertools.islice(seen, sample))
+        per_key = sum(_deep_size(k) for k in keys) / max(len(keys), 1)
+        total = (sys.getsizeof(seen) + per_key * len(seen) + parents.itemsize * len(parents)
+                 + via.itemsize * len(via))
+        return total / max(self.states, 1)
 
     @property
     def states_per_s(self) -> float:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
+def _whole_key(key: tuple) -> tuple:
+    return key
+
+
+def _deep_size(x, _seen=None) -> int:
+    """Bytes of x and of everything it holds that no other sized object shares."""
+    _seen = set() if _seen is None else _seen
+    if id(x) in _seen:
+        return 0
+    _seen.add(id(x))
+    if isinstance(x, int) and -5 <= x <= 256:
+        return 0                    # CPython's shared small ints
+    n = sys.getsizeof(x)
+    if isinstance(x, (tuple, list, frozenset, set)):
+        n += sum(_deep_size(y, _seen) for y in x)
+    return n
+
+
 def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             max_states: Optional[int] = None, max_seconds: Optional[float] = None,
             check: bool = True, progress: Optional[Callable] = None,
-            progress_every: float = 2.0, prefilter: bool = True) -> Result:
+            progress_every: float = 2.0, prefilter: bool = True,
+            fingerprints: bool = True) -> Result:
     """Breadth-first search over the scope. Stops at the first violation unless
     all_violations (then it records the first, shortest, trace per violation id and does
-    not expand violating states)."""
+    not expand violating states).
+
+    The visited set holds a 64-bit fingerprint of each state's canonical key (TLC and
+    Stateright style; fingerprints=False: the whole key, the old way), each state's parent
+    index and the index of the operation that reached it (two flat arrays); a
+    counterexample trace is the chain of operations, re-executed from the initial state
+    by whoever replays it. Two distinct keys share a fingerprint with probability about
+    n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged."""
     cfg = sc.cfg
     res = Result(sc, symmetric)
     prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
     t0 = time.perf_counter()
     s0 = M.initial_state(cfg)
     a0 = abstract(s0)
-    parents = [-1]
-    via = [None]
-    seen = {state_key(s0, symmetric): 0}
+    parents = array("i", [-1])          # parent index of each state
+    via = array("i", [-1])              # index into op_table of the op that reached it
+    op_table: list = []
+    op_index: dict = {}
+    fp = hash if fingerprints else _whole_key
+    seen = {fp(state_key(s0, symmetric))}
+    res.visited = (seen, parents, via)
     res.states = 1
     res.level_sizes.append(1)
     if check:
@@ -654,7 +698,7 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     def trace_of(idx, op=None):
         out = [] if op is None else [op]
         while idx > 0:
-            out.append(via[idx])
+            out.append(op_table[via[idx]])
             idx = parents[idx]
         out.reverse()
         return out
@@ -701,7 +745,7 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                     for x in hit:
                         res.reached[x.id] = d1
                         pending_sits.remove(x)
-                key = state_key(s2, symmetric)
+                key = fp(state_key(s2, symmetric))
                 known = key in seen
                 if known and (not check or prefilter and not step_check_needed(s, op, out, s2)):
                     continue
@@ -722,14 +766,18 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                             stop = True
                             break
                     if not known:
-                        seen[key] = -1          # violating: recorded, never expanded
+                        seen.add(key)           # violating: recorded, never expanded
                     continue
                 if known:
                     continue
                 n = len(parents)
-                seen[key] = n
+                seen.add(key)
                 parents.append(idx)
-                via.append(op)
+                k = op_index.get(op)
+                if k is None:
+                    k = op_index[op] = len(op_table)
+                    op_table.append(op)
+                via.append(k)
                 nxt.append((n, s2, a2))
                 res.states += 1
                 if max_states is not None and res.states >= max_states:
