@@ -47,12 +47,9 @@ prove: $(STAMP)
 selftest: $(STAMP)
 	$(VENV)/bin/kvcheck selftest
 
+# one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part
 bench: $(STAMP)
-	$(PY) -m benchmarks.bench_impl
-	$(PY) -m benchmarks.bench_diff
-	$(PY) -m benchmarks.bench_explore
-	$(PY) -m benchmarks.bench_detect
-	$(PY) -m benchmarks.bench_scale
+	$(PY) -m benchmarks.summary
 
 # impl/ tests, a fuzz run and per-op latency on CUDA beside CPU (KVCHECK_DEVICE=cpu: cpu only)
 check-gpu: $(STAMP)

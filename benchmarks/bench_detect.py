@@ -41,6 +41,40 @@ def _fmt(x: float) -> str:
     return "  missed" if x == INF else f"{x:8.2f}"
 
 
+def measure(names: list, engines: list, examples: int, seeds: int = 1, out=print) -> dict:
+    """{engine: [(gen, report, shrunk) median over the seeds, per fault in names]}; each
+    fault's row is printed as it completes."""
+    cols = [f"{e} {k}" for e in engines for k in ("gen", "report", "shrunk")]
+    out(f"{'planted fault':<32}" + "".join(f"{c:>18}" for c in cols), flush=True)
+    table: dict = {e: [] for e in engines}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            row = []
+            for e in engines:
+                runs = [detect(name, e, CHECK_SEED + k, examples, Path(tmp)) for k in range(seeds)]
+                med = tuple(statistics.median(r[i] for r in runs) for i in range(3))
+                table[e].append(med)
+                row.extend(med)
+            out(f"{name:<32}" + "".join(f"{_fmt(x):>18}" for x in row), flush=True)
+    return table
+
+
+def summary_lines(table: dict) -> list:
+    """Per engine: faults caught, median and worst seconds to generation, report, shrunk."""
+    lines = []
+    for e, rows in table.items():
+        caught = [r for r in rows if r[1] != INF]
+        line = f"{e:<11} caught {len(caught)}/{len(rows)}"
+        for i, what in ((0, "generated"), (1, "first report"), (2, "shrunk")):
+            xs = [r[i] for r in rows]
+            line += f"; {what}: median {_fmt(statistics.median(xs)).strip()} s, worst {_fmt(max(xs)).strip()} s"
+        lat = [r[1] - r[0] for r in caught]
+        if lat:
+            line += f"; report latency after generation: worst {max(lat):.3f} s"
+        lines.append(line)
+    return lines
+
+
 def main(argv=None) -> int:
     from impl import faults
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -54,30 +88,9 @@ def main(argv=None) -> int:
     bad = [e for e in args.engines if e not in ENGINES]
     if bad:
         ap.error(f"--engines: unknown {bad}; known: {', '.join(ENGINES)}")
-    cols = [f"{e} {k}" for e in args.engines for k in ("gen", "report", "shrunk")]
-    print(f"{'planted fault':<32}" + "".join(f"{c:>18}" for c in cols), flush=True)
-    table: dict = {e: [] for e in args.engines}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            row = []
-            for e in args.engines:
-                runs = [detect(name, e, CHECK_SEED + k, args.examples, Path(tmp))
-                        for k in range(args.seeds)]
-                med = tuple(statistics.median(r[i] for r in runs) for i in range(3))
-                table[e].append(med)
-                row.extend(med)
-            print(f"{name:<32}" + "".join(f"{_fmt(x):>18}" for x in row), flush=True)
+    table = measure(names, args.engines, args.examples, args.seeds)
     print()
-    for e, rows in table.items():
-        caught = [r for r in rows if r[1] != INF]
-        line = f"{e:<11} caught {len(caught)}/{len(rows)}"
-        for i, what in ((0, "generated"), (1, "first report"), (2, "shrunk")):
-            xs = [r[i] for r in rows]
-            line += f"; {what}: median {_fmt(statistics.median(xs)).strip()} s, worst {_fmt(max(xs)).strip()} s"
-        lat = [r[1] - r[0] for r in caught]
-        if lat:
-            line += f"; report latency after generation: worst {max(lat):.3f} s"
-        print(line)
+    print("\n".join(summary_lines(table)))
     return 0
 
 

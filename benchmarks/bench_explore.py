@@ -72,6 +72,19 @@ def breakdown(sc, sample: int = 2000) -> None:
           f"(~{1e6 / total:,.0f} states/s)")
 
 
+def compare(sc) -> dict:
+    """The same scope explored the old way (`kvcheck.explore.OLD_STYLE`: whole canonical
+    keys in the visited set, the invariants through one AbstractState per successor) and
+    the new way (the explorer's defaults), CPU seconds of this process:
+    {"old": (Result, cpu s), "new": (Result, cpu s)}."""
+    out = {}
+    for name, kw in (("old", E.OLD_STYLE), ("new", {})):
+        t0 = time.process_time()
+        res = E.explore(sc, **kw)
+        out[name] = (res, time.process_time() - t0)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_explore")
     ap.add_argument("--preset", default="bench")

@@ -634,6 +634,10 @@ class Result:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
+OLD_STYLE = dict(fingerprints=False)
+"""explore()'s options that reproduce the explorer before the speed work (benchmarks)."""
+
+
 def _whole_key(key: tuple) -> tuple:
     return key
 

@@ -1,0 +1,148 @@
+"""`make bench`: every speed figure in one run, then one summary table
+(python -m benchmarks.summary [--quick] [--parts explore,fuzz,detect,scale,check]).
+
+  explore  distinct states per CPU-second on check-overlap, the old explorer vs the new
+           one (same scope, same state count), and the visited set's bytes per state
+  fuzz     spec+impl steps per CPU-second, Hypothesis machine vs walk engine
+  detect   seconds to the first report per planted fault, both engines
+  scale    1 worker vs 2 worker processes (only when the machine has a free core)
+  check    `kvcheck check` wall seconds by part (a subprocess, its --json report)
+
+Each figure's own module (bench_explore, bench_diff, bench_detect, bench_scale) prints
+its detail as it runs; this driver collects the figures. CPU-second rates are per
+process and comparable within one run; on a shared machine compare rows, not runs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PARTS = ("explore", "fuzz", "detect", "scale", "check")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def explore_rows(quick: bool) -> list:
+    from dataclasses import replace
+
+    from benchmarks.bench_explore import compare
+    from kvcheck import explore as E
+    sc = E.PRESETS["check"][0]
+    if quick:
+        sc = replace(sc, max_depth=6)
+    r = compare(sc)
+    (old, t_old), (new, t_new) = r["old"], r["new"]
+    same = (old.states, old.transitions) == (new.states, new.transitions)
+    return [
+        (f"explore {sc.name}: states, transitions", f"{new.states:,}, {new.transitions:,}"
+         + ("" if same else f" (OLD: {old.states:,}, {old.transitions:,}: NOT THE SAME)")),
+        ("explore: old explorer, states/CPU-s", f"{old.states / t_old:,.0f}"),
+        ("explore: new explorer, states/CPU-s", f"{new.states / t_new:,.0f}  (x{t_old / t_new:.2f})"),
+        ("explore: visited set, bytes/state old -> new",
+         f"{old.bytes_per_state():,.0f} -> {new.bytes_per_state():,.0f}"),
+    ]
+
+
+def fuzz_rows(quick: bool) -> list:
+    from benchmarks.bench_diff import run, run_walk
+    from adapters.impl import ImplBackend
+    from kvcheck.engines import hypothesis_machine as M
+    n = 10 if quick else 60
+    h = run(M.make_machine(ImplBackend, "impl"), n, 11)
+    w = run_walk(ImplBackend, n, 11)
+    rate = lambda x: x[1] / x[0] if x[0] else 0.0
+    return [("fuzz: hypothesis, spec+impl steps/CPU-s", f"{rate(h):,.0f}  ({h[1]} steps)"),
+            ("fuzz: walk, spec+impl steps/CPU-s",
+             f"{rate(w):,.0f}  ({w[1]} steps, x{rate(w) / max(rate(h), 1e-9):.1f})")]
+
+
+def detect_rows(quick: bool) -> list:
+    from benchmarks.bench_detect import INF, measure
+    from impl import faults
+    from kvcheck.engines import ENGINES
+    names = sorted(faults.FAULTS)[:2] if quick else sorted(faults.FAULTS)
+    table = measure(names, list(ENGINES), 20 if quick else 100)
+    rows = []
+    for i, name in enumerate(names):
+        rows.append((f"detect {name}: s to report",
+                     ", ".join(f"{e} {'missed' if t[i][1] == INF else f'{t[i][1]:.2f}'}"
+                               for e, t in table.items())))
+    for e, t in table.items():
+        caught = [r[1] for r in t if r[1] != INF]
+        med = statistics.median([r[1] for r in t])
+        rows.append((f"detect: {e}, caught / median s to report",
+                     f"{len(caught)}/{len(t)}, {'missed' if med == INF else f'{med:.2f}'}"))
+    return rows
+
+
+def free_cores() -> float:
+    return (os.cpu_count() or 1) - os.getloadavg()[0]
+
+
+def scale_rows(quick: bool) -> list:
+    from benchmarks.bench_scale import campaign
+    free = free_cores()
+    if free < 1.0:   # this process takes one core; a second worker needs another
+        return [("scale: 1 vs 2 workers", f"not measured: {os.cpu_count()} cores, load "
+                 f"{os.getloadavg()[0]:.1f}, no free core for a second worker")]
+    rounds = 40 if quick else 300
+    one, two = campaign(rounds, 3, 1), campaign(rounds, 3, 2)
+    return [("scale: 1 worker, steps/s (wall)", f"{one[2] / one[0]:,.0f}"),
+            ("scale: 2 workers, steps/s (wall)",
+             f"{two[2] / two[0]:,.0f}  (x{one[0] / two[0]:.2f}; {free:.1f} cores were free)")]
+
+
+def check_rows(quick: bool) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        js = Path(tmp) / "check.json"
+        cmd = [sys.executable, "-m", "kvcheck.cli", "check", "--json", str(js)]
+        if quick:
+            cmd += ["--examples", "5", "--skip-explore", "--skip-proofs", "--out", tmp]
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        if not js.exists():
+            return [("check", f"no report (exit {p.returncode}): {p.stderr.strip()[-200:]}")]
+        data = json.loads(js.read_text())
+    rows = [(f"check: {part['name'][:44]}", f"{part['seconds']:.1f} s"
+             + ("" if part["ok"] else " FAILED")) for part in data["parts"]]
+    rows.append(("check: whole run (wall, with start-up)", f"{wall:.1f} s, exit {p.returncode}"))
+    return rows
+
+
+MEASURE = {"explore": explore_rows, "fuzz": fuzz_rows, "detect": detect_rows,
+           "scale": scale_rows, "check": check_rows}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.summary",
+                                 description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small budgets (a smoke test)")
+    ap.add_argument("--parts", type=lambda v: v.split(","), default=list(PARTS),
+                    help=f"comma-separated, of {', '.join(PARTS)}")
+    args = ap.parse_args(argv)
+    bad = [x for x in args.parts if x not in PARTS]
+    if bad:
+        ap.error(f"--parts: unknown {bad}; known: {', '.join(PARTS)}")
+    rows = []
+    for part in args.parts:
+        print(f"== {part}", flush=True)
+        t0 = time.monotonic()
+        rows += MEASURE[part](args.quick)
+        print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
+    print(f"\n== summary ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+          f"{'; --quick budgets' if args.quick else ''})")
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,15 @@
+"""`make bench`'s driver prints one summary with the explorer's old and new figures on
+the same scope and the same state count."""
+from __future__ import annotations
+
+from benchmarks import summary
+
+
+def test_summary_compares_old_and_new_explorer_on_the_same_states(capsys, monkeypatch):
+    monkeypatch.setattr(summary, "free_cores", lambda: 0.0)
+    assert summary.main(["--quick", "--parts", "explore,scale"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("== summary", 1)[1]
+    assert "old explorer, states/CPU-s" in table and "new explorer, states/CPU-s" in table
+    assert "NOT THE SAME" not in table
+    assert "scale: 1 vs 2 workers" in table and "not measured" in table
