@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from impl.checks import concrete_findings, leak_check
+from impl.checks import Snapshot, concrete_findings, leak_check, snapshot
 from impl.radix_cache import TreeNode
 from impl.scheduler import Scheduler
 from impl.streaming_session import _VirtualNode
@@ -79,7 +79,7 @@ class ImplBackend:
             return ("node", node.path())
         raise TypeError(f"unknown lock anchor {node!r}")
 
-    def _row_pages(self, row: Optional[int], allocated: int, r2t_rows: dict) -> tuple:
+    def _row_pages(self, row: Optional[int], allocated: int, r2t_rows: list) -> tuple:
         if row is None or allocated <= 0:
             return ()
         P = self.cfg.page_size
@@ -87,17 +87,26 @@ class ImplBackend:
         return tuple(vals[k * P] // P for k in range(_ceil_div(allocated, P)))
 
     def abstract(self) -> AbstractState:
+        return self._abstract(snapshot(self.sched))
+
+    def observe(self) -> tuple[AbstractState, list[Violation]]:
+        """abstract() and concrete_violations() of the same moment, from one snapshot of
+        the tensors (the checker calls this once per step)."""
+        snap = snapshot(self.sched)
+        return self._abstract(snap), self._concrete_violations(snap)
+
+    def _abstract(self, snap: Snapshot) -> AbstractState:
         s = self.sched
         P = self.cfg.page_size
-        r2t = s.req_to_token_pool.req_to_token.tolist()
-        rows = dict(enumerate(r2t))
+        rows = snap.r2t
+        root = s.radix_cache.root_node
+        paths = {id(n): path for n, path, _ in snap.nodes}
         nodes = []
-        for n in s.radix_cache.all_nodes():
-            vals = n.value.tolist()
-            nodes.append(NodeView(path=n.path(), parent=n.parent.path(),
+        for n, path, vals in snap.nodes:        # sorted by path
+            parent = () if n.parent is root else paths.get(id(n.parent)) or n.parent.path()
+            nodes.append(NodeView(path=path, parent=parent,
                                   pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
                                   lock_ref=n.lock_ref))
-        nodes.sort(key=lambda v: v.path)
         reqs = []
         for rid in sorted(s.reqs):
             r = s.reqs[rid]
@@ -123,14 +132,14 @@ class ImplBackend:
             se = s.session_controller.sessions[sid]
             sessions.append(SessionView(sid=sid, inflight=se.inflight, checkpoint=tuple(se.checkpoint()),
                                         close_pending=se.close_on_finish))
-        token_of = s.kv_buffer.token_of.tolist()
+        token_of = snap.token_of
 
         def read(page, offset):
             v = token_of[page * P + offset]
             return None if v < 0 else v
 
         content = build_content(P, nodes, reqs, slots, read)
-        free_pages = tuple(sorted(s.token_to_kv_pool_allocator.get_all_free_pages().tolist()))
+        free_pages = tuple(sorted(snap.free))
         return AbstractState(
             page_size=P, num_pages=self.cfg.num_pages, num_rows=self.cfg.num_rows,
             free_pages=free_pages, free_rows=tuple(sorted(s.req_to_token_pool.free_slots)),
@@ -143,8 +152,11 @@ class ImplBackend:
         """C1..C5 on the tensors, plus impl's own leak checks (L1, L2: upstream's
         `_check_pool_invariant` and `_check_req_pool`, through impl's session_held_*
         helpers), so a defect in those helpers is caught too."""
+        return self._concrete_violations(snapshot(self.sched))
+
+    def _concrete_violations(self, snap: Snapshot) -> list[Violation]:
         return [Violation(id=f.id, name=f.name, message=f.message, owner=f.owner, page=f.page)
-                for f in concrete_findings(self.sched) + leak_check(self.sched)]
+                for f in concrete_findings(self.sched, snap) + leak_check(self.sched)]
 
     def leak_violations(self) -> list[Violation]:
         """Upstream's leak checks (idle/busy accounting identity, request-pool check)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
 
 from impl.radix_cache import TreeNode
 
@@ -92,6 +91,25 @@ def leak_check(sched) -> list[Finding]:
 # concrete checks C1..C5
 # ---------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Snapshot:
+    """The tensors a check or a view reads, copied out once (one `.tolist()` each) so that
+    the concrete checks and the adapter's abstract view share them within a step."""
+    free: list          # page ids in the free lists (free_pages, then release_pages)
+    r2t: list           # req_to_token, one list of KV indices per row
+    nodes: list         # (node, path, KV indices of its key) for every node but the root
+    token_of: list      # the token id whose KV each KV index holds (-1: unwritten)
+
+
+def snapshot(sched) -> Snapshot:
+    nodes = [(n, n.path(), [] if n.value is None else n.value.tolist())
+             for n in sched.radix_cache.all_nodes()]
+    nodes.sort(key=lambda x: x[1])
+    return Snapshot(free=sched.token_to_kv_pool_allocator.get_all_free_pages().tolist(),
+                    r2t=sched.req_to_token_pool.req_to_token.tolist(), nodes=nodes,
+                    token_of=sched.kv_buffer.token_of.tolist())
+
+
 def holders(sched) -> list:
     """(owner label, row, allocated) for every request and slot naming a row."""
     out = []
@@ -108,12 +126,15 @@ def node_label(n: TreeNode) -> str:
     return f"node {list(n.path())}"
 
 
-def concrete_findings(sched) -> list[Finding]:
+def _first(flags) -> Optional[int]:
+    return next((i for i, bad in enumerate(flags) if bad), None)
+
+
+def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
     P = sched.page_size
-    alloc = sched.token_to_kv_pool_allocator
-    r2t = sched.req_to_token_pool.req_to_token
+    snap = snapshot(sched) if snap is None else snap
     out: list[Finding] = []
-    free = alloc.get_all_free_pages().tolist()
+    free = snap.free
     free_set = set(free)
 
     # C2: duplicates in the free lists (free_pages + release_pages)
@@ -130,34 +151,30 @@ def concrete_findings(sched) -> list[Finding]:
 
     # owners: tree nodes and live row positions
     owned: list = []       # (label, page)
-    for n in sorted(sched.radix_cache.all_nodes(), key=lambda n: n.path()):
-        if n.value is None or n.value.numel() == 0:
+    for n, path, vals in snap.nodes:
+        if not vals:
             continue
-        for p in sorted(set((n.value // P).tolist())):
-            owned.append((node_label(n), p))
+        for p in sorted({v // P for v in vals}):
+            owned.append((f"node {list(path)}", p))
     for label, row, allocated in holders(sched):
         if allocated <= 0:
             continue
-        idx = r2t[row, :allocated].to(torch.int64)
-        pages = idx // P
-        for p in sorted(set(pages.tolist())):
+        idx = snap.r2t[row][:allocated]
+        pages = [v // P for v in idx]
+        for p in sorted(set(pages)):
             owned.append((label, p))
         # C3: congruence and one physical page per row-page
-        pos = torch.arange(allocated, device=idx.device)
-        bad = (idx % P) != (pos % P)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0].item())
+        i = _first(v % P != k % P for k, v in enumerate(idx))
+        if i is not None:
             out.append(Finding("C3", "row/page congruence",
-                               f"row {row} position {i} holds KV index {int(idx[i])}: "
-                               f"{int(idx[i]) % P} != {i % P} (mod {P})", label, int(pages[i])))
-        k = pos // P
-        first_of_page = pages[k * P]
-        split = pages != first_of_page
-        if bool(split.any()):
-            i = int(torch.nonzero(split)[0].item())
+                               f"row {row} position {i} holds KV index {idx[i]}: "
+                               f"{idx[i] % P} != {i % P} (mod {P})", label, pages[i]))
+        i = _first(pages[k] != pages[k // P * P] for k in range(allocated))
+        if i is not None:
+            first_of_page = pages[i // P * P]
             out.append(Finding("C3", "row/page congruence",
-                               f"row {row} row-page {i // P} maps to pages {int(first_of_page[i])} and {int(pages[i])}",
-                               label, int(pages[i])))
+                               f"row {row} row-page {i // P} maps to pages {first_of_page} and {pages[i]}",
+                               label, pages[i]))
     for label, p in owned:
         if p in free_set:
             out.append(Finding("C1", "free and owned", f"page {p} is in the free lists and owned by {label}",

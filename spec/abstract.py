@@ -10,7 +10,7 @@ Plain data only: ints, tuples, strings, None. Page ids are the system's own page
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Optional
 
 # Lock anchors: ("root",), ("node", key_path), ("virtual", sid), or None (no last_node).
@@ -117,14 +117,24 @@ def canonical(s: AbstractState) -> AbstractState:
             rows[r] = len(rows)
         return rows[r]
 
-    nodes = tuple(replace(n, pages=tuple(pl(p) for p in n.pages)) for n in s.nodes)
-    reqs = tuple(replace(r, row=rl(r.row), row_pages=tuple(pl(p) for p in r.row_pages)) for r in s.reqs)
-    slots = tuple(replace(t, row=rl(t.row), row_pages=tuple(pl(p) for p in t.row_pages)) for t in s.slots)
+    nodes = tuple(_with(n, pages=tuple(pl(p) for p in n.pages)) for n in s.nodes)
+    reqs = tuple(_with(r, row=rl(r.row), row_pages=tuple(pl(p) for p in r.row_pages)) for r in s.reqs)
+    slots = tuple(_with(t, row=rl(t.row), row_pages=tuple(pl(p) for p in t.row_pages)) for t in s.slots)
     free_pages = tuple(sorted(pages.get(p, 0) for p in s.free_pages))
     free_rows = tuple(sorted(rows.get(r, -1) for r in s.free_rows))
     content = tuple(sorted((pages[p], c) for p, c in s.content if p in pages))
-    return replace(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
-                   slots=slots, content=content)
+    return _with(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
+                 slots=slots, content=content)
+
+
+def _with(x, **changes):
+    """`dataclasses.replace` for these plain frozen views (no __post_init__, no
+    validation) without the cost of re-running __init__: canonical() runs twice a step."""
+    y = object.__new__(type(x))
+    d = y.__dict__
+    d.update(x.__dict__)
+    d.update(changes)
+    return y
 
 
 MISSING = type("Missing", (), {"__repr__": lambda self: "(absent)"})()
@@ -229,19 +239,23 @@ def build_content(page_size: int, nodes, reqs, slots, read) -> tuple:
     unwritten). Used by every producer of an AbstractState, so both sides of a
     comparison look at exactly the same positions."""
     valid: dict = {}
+    whole = range(page_size)
 
-    def claim(page, offset):
-        if page is None:
-            return
-        valid.setdefault(page, set()).add(offset)
+    def claim(page, offsets):
+        if page is not None:
+            got = valid.get(page)
+            if got is None:
+                valid[page] = got = set()
+            got.update(offsets)
 
     for n in nodes:
         for p in n.pages:
-            for o in range(page_size):
-                claim(p, o)
+            claim(p, whole)
     for holder in (*reqs, *slots):
-        for i in range(min(holder.committed, len(holder.row_pages) * page_size)):
-            claim(holder.row_pages[i // page_size], i % page_size)
+        rp = holder.row_pages
+        end = min(holder.committed, len(rp) * page_size)     # positions [0, end)
+        for k in range(-(-end // page_size)):
+            claim(rp[k], range(min(page_size, end - k * page_size)))
     out = []
     for p in sorted(valid):
         offs = valid[p]

@@ -122,15 +122,27 @@ def live_page_not_free(s: AbstractState, cfg: Config):
     return out
 
 
+_FREE_LIST = "free list"
+
+
+def _place(x) -> str:
+    """A place a page is found in, as I2 names it."""
+    if x is _FREE_LIST:
+        return x
+    if x[0] == "node":
+        return f"node {list(x[1])}"
+    return f"{x[1]} (row-page {x[2]})"
+
+
 @invariant("I2", "page exclusivity and conservation")
 def page_exclusivity(s: AbstractState, cfg: Config):
     P, out = s.page_size, []
-    places: dict = {}
+    places: dict = {}       # page -> its places, named by _place() only when reported
     for p in s.free_pages:
-        places.setdefault(p, []).append("free list")
+        places.setdefault(p, []).append(_FREE_LIST)
     for n in s.nodes:
         for p in n.pages:
-            places.setdefault(p, []).append(f"node {list(n.path)}")
+            places.setdefault(p, []).append(("node", n.path))
     for row, (names, prot, alloc, pages) in sorted(row_owners(s).items(), key=lambda x: repr(x[0])):
         owner = " / ".join(names)
         for k in range(prot // P, ceil_div(alloc, P)):
@@ -139,8 +151,15 @@ def page_exclusivity(s: AbstractState, cfg: Config):
                 out.append(_v(page_exclusivity, f"row-page {k} of row {row} (allocated {alloc}) "
                               "holds no page", owner))
                 continue
-            places.setdefault(p, []).append(f"{owner} (row-page {k})")
-    for p, where in sorted(places.items(), key=lambda x: repr(x[0])):
+            places.setdefault(p, []).append(("row", owner, k))
+    n_pages, suspects = s.num_pages, ()
+    for p, where in places.items():     # the usual case: nothing to report, nothing named
+        if not (type(p) is int and 1 <= p <= n_pages) or len(where) > 1 and \
+                any(x is not _FREE_LIST for x in where):
+            suspects = places
+            break
+    for p, where in sorted(suspects.items() if suspects else (), key=lambda x: repr(x[0])):
+        where = [_place(x) for x in where]
         if p == 0:
             out.append(_v(page_exclusivity, f"reserved page 0 is in use: {where}", where[0], 0))
         elif not (isinstance(p, int) and 1 <= p <= s.num_pages):
