@@ -13,8 +13,9 @@ WORKERS ?=
 EXTRAS ?= ray
 TRACE ?=
 CHECK_FLAGS ?=
+EXPLORE_FLAGS ?=
 
-.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean
+.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly
 
 venv: $(STAMP)
 
@@ -40,6 +41,19 @@ replay: $(STAMP)
 
 explore: $(STAMP)
 	$(VENV)/bin/kvcheck explore
+
+# optional: the explorer's modules compiled by Cython from the same .py sources
+# (build/cython/, refused once a source changes); without it everything runs interpreted
+cython: $(STAMP)
+	$(PY) -m pip install -q "Cython>=3.1,<3.3"
+	$(PY) -m kvcheck.compiled build
+
+explore-compiled: $(STAMP)
+	$(PY) -m kvcheck.compiled explore $(EXPLORE_FLAGS)
+
+# the nightly scope: 2 sessions x 3 turns + a plain request (compiled when built)
+explore-nightly: $(STAMP)
+	$(PY) -m kvcheck.compiled explore --preset nightly $(EXPLORE_FLAGS)
 
 prove: $(STAMP)
 	$(VENV)/bin/kvcheck prove
@@ -72,4 +86,4 @@ check-sglang: $(STAMP) sglang-env
 	done
 
 clean:
-	rm -rf $(VENV) .hypothesis .pytest_cache failures
+	rm -rf $(VENV) .hypothesis .pytest_cache failures build

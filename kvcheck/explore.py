@@ -145,6 +145,13 @@ def _b(x) -> int:
     return 1 if x else 0
 
 
+SIGNATURE_ORDER = hash
+"""How state_key orders sessions and requests by their id-free signatures. hash() is
+fast but, on Python 3.11, hashes None by address, so the representative a key names can
+differ between processes (never the reduction's soundness); repr is the same in every
+process (tests comparing state sets across processes set it)."""
+
+
 def state_key(s: State, symmetric: bool = True) -> tuple:
     """A hashable key such that two states with the same key have the same future up to
     renaming of page, row, session and request ids.
@@ -209,15 +216,17 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         def sess_sig(sid):
             x = sessions.get(sid)
             t = slots.get(sid)
-            att = sorted(hash(rsig[r.rid]) for r in reqs.values() if r.session == sid)
-            return hash((None if x is None else (x.inflight_rid is not None, x.checkpoint,
+            order = SIGNATURE_ORDER
+            att = sorted(order(rsig[r.rid]) for r in reqs.values() if r.session == sid)
+            return order((None if x is None else (x.inflight_rid is not None, x.checkpoint,
                                                  x.close_pending),
                          None if t is None else (t.row is None, t.committed, t.allocated,
                                                  t.protected, t.last_node is None),
                          tuple(att)))
         sid_order = sorted(sid_set, key=sess_sig) if len(sid_set) > 1 else list(sid_set)
         sid_l = {sid: i + 1 for i, sid in enumerate(sid_order)}
-        rid_order = sorted(reqs, key=lambda rid: hash((rsig[rid], sid_l.get(reqs[rid].session))))
+        rid_order = sorted(reqs, key=lambda rid: SIGNATURE_ORDER((rsig[rid],
+                                                                  sid_l.get(reqs[rid].session))))
         rid_l = {rid: i + 1 for i, rid in enumerate(rid_order)}
     else:
         sid_order = sorted(sid_set)

@@ -1,0 +1,128 @@
+"""Optional Cython compilation of the explorer's hot path, from the same .py sources
+(Cython's pure-Python mode: no .pyx, no type declarations, no second copy of anything).
+
+    make cython                                  # build (needs Cython and a C compiler)
+    python -m kvcheck.compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
+    make explore-compiled                        # the same for `kvcheck explore`
+
+The extension modules go to build/cython/ (git-ignored) with a manifest of the hashes
+of the sources they were built from. `activate()` puts them in front of the sources
+only when every hash still matches (a stale build is refused, so an edit of the model is
+never shadowed by old machine code); without a build, or without Cython, everything runs
+interpreted exactly as before. Nothing else in kvcheck imports this module, so every
+other entry point (tests, `kvcheck`, `make check`) is unaffected by a build.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BUILD = ROOT / "build" / "cython"
+MANIFEST = BUILD / "manifest.json"
+MODULES = ("spec/state.py", "spec/model.py", "spec/abstract.py", "spec/view.py",
+           "spec/invariants.py", "kvcheck/explore.py")
+"""What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
+re-executes its functions' code objects on z3 terms."""
+DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
+"""annotation_typing off: an annotation never becomes a C type check, so the compiled
+code accepts and returns exactly what the interpreted code does."""
+
+
+class NotBuilt(Exception):
+    """No usable build: the reason, in one line."""
+
+
+def _name(rel: str) -> str:
+    return rel[:-3].replace("/", ".")
+
+
+def source_hashes(root: Path = ROOT) -> dict:
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in MODULES}
+
+
+def build(out=print) -> Path:
+    """Compile MODULES into BUILD (a setuptools build_ext in a subprocess)."""
+    try:
+        import Cython  # noqa: F401
+    except ImportError:
+        raise NotBuilt("Cython is not installed (pip install 'Cython>=3.1,<3.3')") from None
+    BUILD.mkdir(parents=True, exist_ok=True)
+    script = f"""
+import sys
+from setuptools import Extension, setup
+from Cython.Build import cythonize
+exts = [Extension(name, [src]) for name, src in {[(_name(m), m) for m in MODULES]!r}]
+setup(name="kvcheck-compiled", script_args=["build_ext", "--build-lib", {str(BUILD)!r},
+      "--build-temp", {str(BUILD / "tmp")!r}],
+      ext_modules=cythonize(exts, compiler_directives={DIRECTIVES!r},
+                            build_dir={str(BUILD / "c")!r}, quiet=True))
+"""
+    hashes = source_hashes()
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(script)
+    p = subprocess.run([sys.executable, f.name], cwd=ROOT, capture_output=True, text=True)
+    Path(f.name).unlink()
+    if p.returncode != 0:
+        raise NotBuilt(f"the Cython build failed: {(p.stderr or p.stdout).strip()[-800:]}")
+    MANIFEST.write_text(json.dumps(hashes, indent=1))
+    out(f"compiled {len(MODULES)} modules into {BUILD.relative_to(ROOT)}")
+    return BUILD
+
+
+def check_build() -> None:
+    """Raise NotBuilt unless a build exists and matches the current sources."""
+    if not MANIFEST.exists():
+        raise NotBuilt("no compiled build (run `make cython`)")
+    built = json.loads(MANIFEST.read_text())
+    stale = [m for m, h in source_hashes().items() if built.get(m) != h]
+    if stale:
+        raise NotBuilt(f"the compiled build is stale ({', '.join(stale)} changed since); "
+                       "run `make cython` again")
+    for rel in MODULES:
+        pkg, mod = rel[:-3].split("/")
+        if not list((BUILD / pkg).glob(f"{mod}.*.so")) + list((BUILD / pkg).glob(f"{mod}.*.pyd")):
+            raise NotBuilt(f"the compiled build lacks {rel}; run `make cython` again")
+
+
+def activate() -> None:
+    """Put the compiled modules in front of the sources (before any of them is imported)."""
+    check_build()
+    loaded = [_name(m) for m in MODULES if _name(m) in sys.modules]
+    if loaded:
+        raise RuntimeError(f"activate() after {loaded} were imported interpreted")
+    import kvcheck
+    import spec
+    spec.__path__.insert(0, str(BUILD / "spec"))
+    kvcheck.__path__.insert(0, str(BUILD / "kvcheck"))
+
+
+def is_compiled(module) -> bool:
+    return not str(getattr(module, "__file__", "")).endswith(".py")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["build"]:
+        try:
+            build()
+        except NotBuilt as e:
+            print(f"kvcheck.compiled: {e}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        activate()
+    except NotBuilt as e:
+        print(f"kvcheck.compiled: {e}; running interpreted", file=sys.stderr)
+    from kvcheck import explore
+    from kvcheck.cli import main as cli_main
+    print(f"[{'compiled' if is_compiled(explore) else 'interpreted'} explorer]", file=sys.stderr)
+    return cli_main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
