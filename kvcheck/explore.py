@@ -123,6 +123,14 @@ PRESETS: dict[str, tuple] = {
                sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
                max_new=(1, 2), evict=(2,), max_depth=12),
     ),
+    # nightly (make explore-nightly): 2 sessions that can each run 3 turns, plus a plain
+    # request sharing the prompt prefix; BFS as deep as a time budget allows
+    "nightly": (
+        _scope("nightly", dict(page_size=2, num_pages=6, num_rows=3, max_context_len=16,
+                               overlap=True),
+               sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+               max_new=(1,), evict=(2,), max_depth=26),
+    ),
     # the benchmark's fixed scope
     "bench": (
         _scope("bench", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16, overlap=True),

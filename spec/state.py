@@ -75,7 +75,8 @@ class Req:
         return len(self.origin) + len(self.output)
 
     def copy(self) -> "Req":
-        r = Req(**self.__dict__)
+        r = object.__new__(Req)             # no __init__ to re-run: a field-for-field copy
+        r.__dict__.update(self.__dict__)
         r.output = list(self.output)
         return r
 
