@@ -85,6 +85,42 @@ def compare(sc) -> dict:
     return out
 
 
+COMPILED_RUN = """
+import json, sys, time
+from kvcheck.compiled import activate, is_compiled
+activate()
+from kvcheck import explore as E
+sc = [x for scs in E.PRESETS.values() for x in scs if x.name == sys.argv[1]][0]
+if len(sys.argv) > 2:
+    from dataclasses import replace
+    sc = replace(sc, max_depth=int(sys.argv[2]))
+t0 = time.process_time()
+r = E.explore(sc)
+print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+                  "cpu_s": time.process_time() - t0}))
+"""
+
+
+def compiled_run(sc):
+    """The new explorer on the Cython build (kvcheck/compiled.py) in a subprocess:
+    (states, transitions, cpu s), or the reason there is no usable build."""
+    import json
+    import subprocess
+    import sys
+
+    from kvcheck import compiled
+    try:
+        compiled.check_build()
+    except compiled.NotBuilt as e:
+        return str(e)
+    p = subprocess.run([sys.executable, "-c", COMPILED_RUN, sc.name, str(sc.max_depth)],
+                       cwd=compiled.ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"the compiled run failed: {p.stderr.strip()[-300:]}"
+    d = json.loads(p.stdout)
+    return d["states"], d["transitions"], d["cpu_s"]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_explore")
     ap.add_argument("--preset", default="bench")

@@ -46,7 +46,19 @@ def explore_rows(quick: bool) -> list:
         ("explore: new explorer, states/CPU-s", f"{new.states / t_new:,.0f}  (x{t_old / t_new:.2f})"),
         ("explore: visited set, bytes/state old -> new",
          f"{old.bytes_per_state():,.0f} -> {new.bytes_per_state():,.0f}"),
-    ]
+    ] + _compiled_row(sc, new, t_old)
+
+
+def _compiled_row(sc, new, t_old) -> list:
+    from benchmarks.bench_explore import compiled_run
+    got = compiled_run(sc)
+    if isinstance(got, str):
+        return [("explore: new explorer, Cython build", f"not measured: {got}")]
+    states, transitions, cpu = got
+    same = (states, transitions) == (new.states, new.transitions)
+    return [("explore: new explorer, Cython build, states/CPU-s",
+             f"{states / cpu:,.0f}  (x{t_old / cpu:.2f})"
+             + ("" if same else f" ({states:,} states: NOT THE SAME)"))]
 
 
 def fuzz_rows(quick: bool) -> list:

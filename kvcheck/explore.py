@@ -855,6 +855,9 @@ def report(res: Result, out=None) -> None:
         cover += f"; stopped early: {res.stopped}"
     w(f"  {res.states} distinct states, {res.transitions} transitions, max depth {res.max_depth}, "
       f"{res.seconds:.1f} s, {res.states_per_s:,.0f} states/s")
+    if res.visited:
+        w(f"  visited set: {res.bytes_per_state():,.0f} bytes per state (fingerprints and "
+          "parent links)")
     w(f"  coverage: {cover}")
     w(f"  states per depth: {res.level_sizes}")
     w("  operations (transitions taken; first depth; outcomes):")
