@@ -9,7 +9,8 @@ from impl.radix_cache import TreeNode
 from impl.scheduler import Scheduler
 from impl.streaming_session import _VirtualNode
 from spec import ops
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+                           with_lru_ranks)
 from spec.config import Config
 from spec.violations import Violation
 
@@ -97,6 +98,8 @@ class ImplBackend:
             nodes.append(NodeView(path=n.path(), parent=n.parent.path(),
                                   pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
                                   lock_ref=n.lock_ref))
+        nodes = with_lru_ranks(nodes, {n.path(): n.last_access_tick for n in s.radix_cache.all_nodes()
+                                       if s.radix_cache.is_evictable_leaf(n)})
         nodes.sort(key=lambda v: v.path)
         reqs = []
         for rid in sorted(s.reqs):

@@ -81,7 +81,8 @@ def state(s: AbstractState) -> dict:
         "page_size": _int(s.page_size), "num_pages": _int(s.num_pages), "num_rows": _int(s.num_rows),
         "free_pages": value(s.free_pages),
         "free_rows": value(s.free_rows),
-        "nodes": {"#map": [[value(n.path), _record(n, skip=("path",))] for n in s.nodes]},
+        "nodes": {"#map": [[value(n.path), _record(
+            n, skip=("path",), lru_rank=lambda v: optional(v, "Rank", "NoRank"))] for n in s.nodes]},
         "reqs": {"#map": [[_int(r.rid), _record(
             r, skip=("rid",), session=lambda v: optional(v, "Session", "NoSession"), row=row,
             anchor=anchor, row_pages=indexed)] for r in s.reqs]},

@@ -27,6 +27,8 @@ class NodeView:
     parent: tuple          # the parent's path (() for a child of the root)
     pages: tuple           # page ids of this node's own key segment, len(key) // P of them
     lock_ref: int
+    lru_rank: Optional[int] = None   # eviction order among the evictable leaves (0 goes
+                                     # first; equal priorities share a rank); None: not one
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,18 @@ def canonical(s: AbstractState) -> AbstractState:
     content = tuple(sorted((pages[p], c) for p, c in s.content if p in pages))
     return replace(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
                    slots=slots, content=content)
+
+
+def with_lru_ranks(nodes, evictable: dict) -> list:
+    """`nodes` (NodeView) with `lru_rank` set from `evictable`: path -> the eviction
+    priority the system itself orders its evictable leaves by (the spec's tick, impl's
+    `last_access_tick`, upstream's `eviction_strategy.get_priority`). The rank is the dense
+    rank of that priority, so a stale access stamp shows at the step that makes it, not
+    at a later eviction; a tie (which the system breaks arbitrarily or by path) is one
+    rank on every side."""
+    order = {p: i for i, p in enumerate(sorted(set(evictable.values())))}
+    return [replace(n, lru_rank=order[evictable[n.path]]) if n.path in evictable else n
+            for n in nodes]
 
 
 MISSING = type("Missing", (), {"__repr__": lambda self: "(absent)"})()

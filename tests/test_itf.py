@@ -47,7 +47,8 @@ def assert_state_is(rec, s):
     assert {tuple(k) for k in rec.nodes} == {n.path for n in s.nodes}
     for n in s.nodes:
         got = rec.nodes[_key(rec.nodes, n.path)]
-        assert (tuple(got.parent), tuple(got.pages), got.lock_ref) == (n.parent, n.pages, n.lock_ref)
+        assert (tuple(got.parent), tuple(got.pages), got.lock_ref, _opt(got.lru_rank)) == \
+            (n.parent, n.pages, n.lock_ref, n.lru_rank)
     assert set(rec.reqs) == {r.rid for r in s.reqs}
     for r in s.reqs:
         g = rec.reqs[r.rid]

@@ -34,7 +34,8 @@ import types
 from array import array
 
 from spec import ops as O
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+                           with_lru_ranks)
 from spec.config import Config, ConfigError
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
@@ -753,8 +754,26 @@ class SglangBackend:
                 out.append(NodeView(path=path, parent=paths[self._nid(n)], pages=pages,
                                     lock_ref=self._node_lock_ref(child)))
                 stack.append(child)
+        leaves, priority = self._eviction_order()
+        out = with_lru_ranks(out, {paths[self._nid(n)]: priority(n) for n in leaves})
         out.sort(key=lambda v: v.path)
         return out, paths
+
+    def _eviction_order(self):
+        """(the evictable leaves, the priority evict() pops them by), both upstream's own.
+        0.5.15 `RadixCache.evict` heaps `(eviction_strategy.get_priority(n), n)` over
+        `evictable_leaves` (LRU: `last_access_time`; a tie falls to `TreeNode.__lt__`,
+        which says neither is less: heap order). 0.5.23 `FullComponent._evict_device_start`
+        heaps `(session_ref_eviction_strategy(n), n)` over the tree core's
+        `evictable_device_leaves` (LRU: the `last_access_time` counter; with session radix
+        caching, session-referenced nodes last)."""
+        if self.api == "flat":
+            return list(self.tree.evictable_leaves), self.tree.eviction_strategy.get_priority
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        core = self.cache.tree_core
+        [full] = [c for c in core.components if c.component_type == ComponentType.FULL]
+        full._ensure_eviction_strategy()
+        return list(core.evictable_device_leaves), full.session_ref_eviction_strategy
 
     def _req_anchor(self, node, paths: dict, sid_hint, locked: bool):
         """A radix anchor (root included) through which the request holds no lock is
