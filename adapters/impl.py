@@ -37,7 +37,7 @@ class ImplBackend:
         if isinstance(op, ops.SubmitTurn):
             return s.submit_turn(op.sid, op.rid, op.new_tokens, op.max_new_tokens)
         if isinstance(op, ops.SubmitRequest):
-            return s.submit_request(op.rid, op.tokens, op.max_new_tokens)
+            return s.submit_request(op.rid, op.tokens, op.max_new_tokens, op.logprob_start_len)
         if isinstance(op, ops.Schedule):
             return s.schedule(op.rid, op.admit)
         if isinstance(op, ops.PrefillChunk):

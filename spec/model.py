@@ -570,8 +570,22 @@ def release_kv_cache(s: State, req: Req, is_insert: bool = True) -> None:
 # ---------------------------------------------------------------------------
 
 def _key_limit(req: Req) -> int:
-    """`_compute_max_prefix_len`: input_len - 1 (the one-token logit reserve)."""
-    return req.seqlen - 1
+    """`_compute_max_prefix_len` (0.5.15 `schedule_batch.py` l.1225-1230, 0.5.23
+    l.1768-1780): input_len - 1 (the one-token logit reserve), capped at the request's
+    `logprob_start_len` when it returns logprobs from there."""
+    limit = req.seqlen - 1
+    if req.logprob_start >= 0:
+        limit = min(limit, req.logprob_start)
+    return max(limit, 0)
+
+
+def resolve_logprob_start(logprob_start_len, prompt_len: int) -> int:
+    """`handle_generate_request` (0.5.15 `scheduler.py` l.2213-2235, 0.5.23 l.3256-3279):
+    no logprobs -> -1; logprobs with the default -1 -> the prompt length (output-token
+    logprobs only); else the given start."""
+    if logprob_start_len is None:
+        return -1
+    return prompt_len if logprob_start_len == -1 else logprob_start_len
 
 
 def _match(s: State, req: Req) -> int:
@@ -1004,7 +1018,8 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     elif isinstance(op, O.SubmitTurn):
         out = _submit_turn(s, op)
     elif isinstance(op, O.SubmitRequest):
-        s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens)
+        s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens,
+                             logprob_start=resolve_logprob_start(op.logprob_start_len, len(op.tokens)))
         out = "ok"
     elif isinstance(op, O.Schedule):
         out = _schedule(s, req, op.admit)

@@ -37,6 +37,7 @@ from spec import ops as O
 from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
 from spec.config import Config, ConfigError
+from spec.model import resolve_logprob_start
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
 
@@ -359,8 +360,12 @@ class SglangBackend:
     def _op_submit_request(self, op):
         from sglang.srt.managers.schedule_batch import Req
         t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None)
-        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB,
+                  return_logprob=op.logprob_start_len is not None)
         req.tokenizer = None
+        # handle_generate_request's logprob_start_len resolution (glue); upstream's own
+        # init_next_round_input then caps the prefix match with it
+        req.logprob_start_len = resolve_logprob_start(op.logprob_start_len, len(op.tokens))
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
         return "ok"
 

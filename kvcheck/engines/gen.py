@@ -171,8 +171,16 @@ def _submit_request(c: Ctx, d: Drawer):
     if not c.room():
         return None
     P = c.cfg.page_size
-    return O.SubmitRequest(c.fresh(), draw_prompt(d, P, 1, 16, "tokens"),
-                           draw_length(d, P, 1, 10, "max_new_tokens"))
+    tokens = draw_prompt(d, P, 1, 16, "tokens")
+    return O.SubmitRequest(c.fresh(), tokens, draw_length(d, P, 1, 10, "max_new_tokens"),
+                           draw_logprob_start(d, P, len(tokens)))
+
+
+def draw_logprob_start(d: Drawer, P: int, prompt_len: int):
+    """`logprob_start_len` of a plain request: mostly none, else upstream's default (-1:
+    caps a retried request's match at its prompt) or a page-biased start in the prompt."""
+    kind = d.choice((None, None, None, -1, "start"), "logprob_start_len")
+    return draw_length(d, P, 0, prompt_len, "logprob_start_len") if kind == "start" else kind
 
 
 def _rid_op(cls, *phases):
