@@ -248,23 +248,47 @@ no object to act on. A new operation in spec.ops needs one entry here."""
 
 @dataclass
 class Stats:
-    """Per-operation counts of applied steps (enabled and run on both sides)."""
+    """Per-operation counts of applied steps (enabled and run on both sides), and of the
+    PATHS they took."""
     coverage: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
+    paths: Counter = field(default_factory=Counter)
     steps: int = 0
     sequences: int = 0
 
-    def record(self, op: O.Op, outcome: str) -> None:
+    def record(self, op: O.Op, outcome: str, paths: Sequence[str] = ()) -> None:
         self.coverage[op.name] += 1
         self.outcomes[f"{op.name}:{outcome}"] += 1
+        self.paths.update(paths)
         self.steps += 1
 
     def merge(self, other: "Stats") -> None:
         self.coverage.update(other.coverage)
         self.outcomes.update(other.outcomes)
+        self.paths.update(other.paths)
         self.steps += other.steps
         self.sequences += other.sequences
 
     def clear(self) -> None:
-        self.coverage.clear(), self.outcomes.clear()
+        self.coverage.clear(), self.outcomes.clear(), self.paths.clear()
         self.steps = self.sequences = 0
+
+
+def _retry(state, op) -> bool:
+    """The retry of a retracted request: its next `schedule`."""
+    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    return r is not None and r.is_retracted
+
+
+PATHS: dict[str, Callable] = {
+    "retract-retry": _retry,
+    "retract-retry from the session slot": lambda state, op: _retry(state, op) and
+    state.reqs[op.rid].session in state.slots,
+}
+"""Paths through the model that one operation name does not show, each a predicate on
+(spec state before, operation); `check` fails when its differential run misses one."""
+
+
+def paths_of(state, op) -> list:
+    """The PATHS that applying `op` in `state` takes."""
+    return [name for name, took in PATHS.items() if took(state, op)]
