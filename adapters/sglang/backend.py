@@ -897,6 +897,66 @@ class SglangBackend:
     def _flag(self, req, name):
         return getattr(req, name) if self.api == "flat" else getattr(req.kv, name, False)
 
+    def _invariant_checker(self):
+        """Upstream's own `SchedulerPoolStatsObserver` and `SchedulerInvariantChecker`
+        (`managers/scheduler_components/`), built as `Scheduler.init_invariant_checker`
+        builds them for a plain (no SWA, no SSM, no HiSparse, no disaggregation) server;
+        each release takes the fields its dataclasses declare. None where the release
+        has no such checker."""
+        if getattr(self, "_checker", False) is not False:
+            return self._checker
+        import dataclasses
+        try:
+            from sglang.srt.disaggregation.utils import DisaggregationMode
+            from sglang.srt.managers.scheduler_components import invariant_checker as ic
+            from sglang.srt.managers.scheduler_components import pool_stats_observer as po
+            from sglang.srt.server_args import get_global_server_args
+        except ImportError:
+            self._checker = None
+            return None
+        values = dict(
+            tree_cache=self.cache, token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, session_controller=self.ctrl,
+            hisparse_coordinator=None, is_hybrid_swa=False, is_hybrid_ssm=False,
+            enable_hisparse=False, full_tokens_per_layer=None, swa_tokens_per_layer=None,
+            max_total_num_tokens=self.cfg.num_pages * self.P, page_size=self.P,
+            disaggregation_mode=DisaggregationMode.NULL,
+            get_last_batch=lambda: None, get_running_batch=lambda: None,
+            scheduler_stage_metrics=None)
+
+        def build(cls, **extra):
+            names = {f.name for f in dataclasses.fields(cls) if f.init}
+            if "server_args" in names:      # 0.5.15; retired (raises) in 0.5.23
+                extra["server_args"] = get_global_server_args()
+            return cls(**{k: v for k, v in {**values, **extra}.items() if k in names})
+
+        observer = build(po.SchedulerPoolStatsObserver)
+        self._checker = (observer, build(ic.SchedulerInvariantChecker, pool_stats_observer=observer))
+        return self._checker
+
+    def upstream_leak_violations(self) -> list[Violation]:
+        """`Scheduler.on_idle`'s leak checks, upstream's own code, when the emulated
+        scheduler is fully idle (no live request): L1 `_check_all_pools` (available +
+        evictable + protected + `session_held_tokens()` == total), L2 `_check_req_pool`
+        (free rows + `session_held_req_count()` == rows). Beside kvcheck's own held
+        count (the spec's invariants on this side's abstract state)."""
+        if self.live or self._invariant_checker() is None:
+            return []
+        observer, checker = self._invariant_checker()
+        out = []
+        leak, messages = checker._check_all_pools(observer.get_pool_stats())
+        if leak:
+            out.append(Violation("L1", "upstream pool accounting (idle)",
+                                 "; ".join(m for m in messages if m), owner="allocator"))
+        before = checker.count_req_pool_leak_warnings
+        checker._check_req_pool()
+        if checker.count_req_pool_leak_warnings != before:
+            out.append(Violation("L2", "upstream request-pool accounting (idle)",
+                                 f"free rows {len(self.pool.free_slots)} + session_held_req_count "
+                                 f"{observer.session_held_req_count()} != {self.pool.size}",
+                                 owner="req_to_token_pool"))
+        return out
+
     def concrete_violations(self) -> list[Violation]:
         """What only the concrete tensors show: C1 a free page still referenced by a
         live row range or tree node; C2 a duplicate in the free census; C3 row/page
@@ -958,4 +1018,4 @@ class SglangBackend:
             if row in free_rows:
                 out.append(Violation("C5", "row both free and held",
                                      f"row {row} is in free_slots", owner=who))
-        return out
+        return out + self.upstream_leak_violations()

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from spec import ops as O
 from spec.config import Config
+from spec.pages import free_kv_aligned_pages, restore_prefix_len
 
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
 """Prompts start with a cut of one of these, so radix matches and splits happen."""
@@ -280,10 +281,37 @@ def _retry(state, op) -> bool:
     return r is not None and r.is_retracted
 
 
+def _restored_slot(state, op):
+    """The session slot a `schedule` restores its turn from (`find_active_slot`), or None."""
+    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    if r is None or r.session is None or r.to_finish:
+        return None
+    slot = state.slots.get(r.session)
+    return slot if slot is not None and slot.row is not None else None
+
+
+def _restore_clamps(state, op) -> bool:
+    """`try_match_prefix`'s `min(kv_committed_len, len(key))` takes the key's length."""
+    slot = _restored_slot(state, op)
+    return slot is not None and restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen) < \
+        slot.committed
+
+
+def _free_tail_frees(state, op) -> bool:
+    """`_free_tail` frees pages past the restored prefix."""
+    slot = _restored_slot(state, op)
+    if slot is None:
+        return False
+    prefix = restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen)
+    return len(free_kv_aligned_pages(prefix, slot.allocated, state.cfg.page_size)) > 0
+
+
 PATHS: dict[str, Callable] = {
     "retract-retry": _retry,
     "retract-retry from the session slot": lambda state, op: _retry(state, op) and
     state.reqs[op.rid].session in state.slots,
+    "slot restore clamped to the key": _restore_clamps,
+    "_free_tail frees": _free_tail_frees,
 }
 """Paths through the model that one operation name does not show, each a predicate on
 (spec state before, operation); `check` fails when its differential run misses one."""
