@@ -99,7 +99,11 @@ def operation(op) -> dict:
     """An operation as the variant `name(fields)`; None: the initial state's `init`."""
     if op is None:
         return variant("init")
-    return variant(op.name, {f.name: value(getattr(op, f.name)) for f in fields(op)})
+    from spec.fields import field_specs
+    nullable = {name for name, _, cons in field_specs(type(op)) if cons.get("nullable")}
+    return variant(op.name, {f.name: optional(getattr(op, f.name), "Some", "NoValue")
+                             if f.name in nullable else value(getattr(op, f.name))
+                             for f in fields(op)})
 
 
 def itf_trace(trace, res, source: str = "") -> dict:
