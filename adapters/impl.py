@@ -98,8 +98,10 @@ class ImplBackend:
             nodes.append(NodeView(path=n.path(), parent=n.parent.path(),
                                   pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
                                   lock_ref=n.lock_ref))
+        # unlocked childless nodes, read off the tree (not through evict()'s own
+        # candidate test, whose planted fault the eviction step is there to catch)
         nodes = with_lru_ranks(nodes, {n.path(): n.last_access_tick for n in s.radix_cache.all_nodes()
-                                       if s.radix_cache.is_evictable_leaf(n)})
+                                       if n.lock_ref == 0 and not n.children})
         nodes.sort(key=lambda v: v.path)
         reqs = []
         for rid in sorted(s.reqs):

@@ -191,14 +191,13 @@ class RadixCache:
             node = node.parent
 
     # -- eviction -----------------------------------------------------------------------
-    def is_evictable_leaf(self, n: TreeNode) -> bool:
-        """What evict() may pop: an unlocked childless node (the adapter ranks these)."""
+    def _is_candidate(self, n: TreeNode) -> bool:
         if "evict_ignores_lock" in faults.ACTIVE:
             return n is not self.root_node and not n.children
         return n is not self.root_node and n.lock_ref == 0 and not n.children
 
     def evict(self, num_tokens: int) -> int:
-        candidates = {n.id: n for n in self.all_nodes() if self.is_evictable_leaf(n)}
+        candidates = {n.id: n for n in self.all_nodes() if self._is_candidate(n)}
         paths = {i: n.path() for i, n in candidates.items()}
         evicted = 0
         while evicted < num_tokens and candidates:
@@ -211,7 +210,7 @@ class RadixCache:
             self.evictable_size_ -= len(x.key)
             x.evicted_path = paths[vid]
             x.parent = None
-            if self.is_evictable_leaf(parent):
+            if self._is_candidate(parent):
                 candidates[parent.id] = parent
                 paths[parent.id] = parent.path()
         return evicted

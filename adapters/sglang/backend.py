@@ -921,7 +921,7 @@ class SglangBackend:
             enable_hisparse=False, full_tokens_per_layer=None, swa_tokens_per_layer=None,
             max_total_num_tokens=self.cfg.num_pages * self.P, page_size=self.P,
             disaggregation_mode=DisaggregationMode.NULL,
-            get_last_batch=lambda: None, get_running_batch=lambda: None,
+            get_last_batch=self._running_batch, get_running_batch=lambda: None,
             scheduler_stage_metrics=None)
 
         def build(cls, **extra):
@@ -934,14 +934,34 @@ class SglangBackend:
         self._checker = (observer, build(ic.SchedulerInvariantChecker, pool_stats_observer=observer))
         return self._checker
 
+    def _running_batch(self):
+        """The scheduler's last batch as upstream's checks read it: the requests that
+        hold a row in a forward (prefilling or decoding); None when there are none."""
+        reqs = [L.req for L in self.live.values() if L.phase in ("prefill", "decode")]
+        if not reqs:
+            return None
+        return types.SimpleNamespace(reqs=reqs, is_empty=lambda: False)
+
+    def upstream_busy_violations(self) -> list[Violation]:
+        """`self_check_during_busy`'s accounting, upstream's own code: available +
+        evictable + protected + session_held + the running requests' uncached tokens
+        (`_get_total_uncached_sizes`) == total. L1 (busy)."""
+        observer, checker = self._invariant_checker()
+        full_uncached, _ = checker._get_total_uncached_sizes()
+        leak, msg = checker._check_full_pool(observer.get_pool_stats(), uncached=full_uncached)
+        return [Violation("L1", "upstream pool accounting (busy)", msg, owner="allocator")] \
+            if leak else []
+
     def upstream_leak_violations(self) -> list[Violation]:
         """`Scheduler.on_idle`'s leak checks, upstream's own code, when the emulated
         scheduler is fully idle (no live request): L1 `_check_all_pools` (available +
         evictable + protected + `session_held_tokens()` == total), L2 `_check_req_pool`
         (free rows + `session_held_req_count()` == rows). Beside kvcheck's own held
         count (the spec's invariants on this side's abstract state)."""
-        if self.live or self._invariant_checker() is None:
+        if self._invariant_checker() is None:
             return []
+        if self.live:
+            return self.upstream_busy_violations() if self._running_batch() else []
         observer, checker = self._invariant_checker()
         out = []
         leak, messages = checker._check_all_pools(observer.get_pool_stats())
