@@ -9,7 +9,8 @@ from impl.radix_cache import TreeNode
 from impl.scheduler import Scheduler
 from impl.streaming_session import _VirtualNode
 from spec import ops
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+                           with_lru_ranks)
 from spec.config import Config
 from spec.violations import Violation
 
@@ -36,7 +37,7 @@ class ImplBackend:
         if isinstance(op, ops.SubmitTurn):
             return s.submit_turn(op.sid, op.rid, op.new_tokens, op.max_new_tokens)
         if isinstance(op, ops.SubmitRequest):
-            return s.submit_request(op.rid, op.tokens, op.max_new_tokens)
+            return s.submit_request(op.rid, op.tokens, op.max_new_tokens, op.logprob_start_len)
         if isinstance(op, ops.Schedule):
             return s.schedule(op.rid, op.admit)
         if isinstance(op, ops.PrefillChunk):
@@ -107,6 +108,11 @@ class ImplBackend:
             nodes.append(NodeView(path=path, parent=parent,
                                   pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
                                   lock_ref=n.lock_ref))
+        # unlocked childless nodes, read off the tree (not through evict()'s own
+        # candidate test, whose planted fault the eviction step is there to catch)
+        nodes = with_lru_ranks(nodes, {path: n.last_access_tick for n, path, _ in snap.nodes
+                                       if n.lock_ref == 0 and not n.children})
+        nodes.sort(key=lambda v: v.path)
         reqs = []
         for rid in sorted(s.reqs):
             r = s.reqs[rid]

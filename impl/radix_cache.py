@@ -1,9 +1,9 @@
 """RadixCache (upstream mem_cache/radix_cache.py), page-aligned, with deterministic LRU.
 
 Eviction order: a global tick increments once per match_prefix call and once per insert
-call; every node on the walked path (and both halves of a split) is stamped; in the
-wrapper era a node the call creates (a split's upper half, a new leaf) gets a later tick,
-in creation order, as upstream's `TreeNode()` reads the clock after the walk. evict() pops unlocked childless leaves by (last_access_tick, key path).
+call; every node on the walked path (and both halves of a split) is stamped; a node
+the call creates (a split's upper half, a new leaf) gets a later tick, in creation order,
+as upstream's `TreeNode()` reads the clock (0.5.15) or its counter (0.5.23) after the walk. evict() pops unlocked childless leaves by (last_access_tick, key path).
 """
 from __future__ import annotations
 
@@ -56,7 +56,6 @@ class RadixCache:
         self.page_size = page_size
         self.device = device
         self.split_at_prompt = False      # borrow era: checkpoint_into_tree's prompt split
-        self.new_nodes_newer = False      # wrapper era: TreeNode() reads the clock after the walk
         self.reset()
 
     def reset(self) -> None:
@@ -123,19 +122,17 @@ class RadixCache:
             idx = torch.empty(0, dtype=I64, device=self.device)
         return idx, node
 
-    def _creation_tick(self, t: int) -> int:
-        """A node created by a walk: newer than the walk's stamp in the wrapper era
-        (`TreeNode()` calls `time.monotonic()` after the walk's `access_time`)."""
-        if self.new_nodes_newer:
-            self.tick += 1
-            return self.tick
-        return t
+    def _creation_tick(self) -> int:
+        """A node created by a walk: newer than the walk's stamp (`TreeNode()` reads the
+        clock, or 0.5.23's counter, after the walk)."""
+        self.tick += 1
+        return self.tick
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         t = child.last_access_tick
         new_node = TreeNode(key=child.key[:split_len], value=child.value[:split_len].clone(),
                             parent=child.parent, lock_ref=child.lock_ref,
-                            tick=self._creation_tick(t))
+                            tick=self._creation_tick())
         if "split_no_lock_copy" in faults.ACTIVE:
             new_node.lock_ref = 0
         parent = child.parent
@@ -165,7 +162,7 @@ class RadixCache:
                 node = self._split_node(node, plen)
         if len(key) > 0:
             leaf = TreeNode(key=key, value=value.clone().to(I64), parent=node,
-                            tick=self._creation_tick(t))
+                            tick=self._creation_tick())
             node.children[self._child_key(key)] = leaf
             self.evictable_size_ += len(key)
         return total_prefix

@@ -37,10 +37,19 @@ class Req:
         self.finished_reason: Optional[str] = None
         self.finished_len: Optional[int] = None
         self.is_retracted = False
+        self.logprob_start_len = -1            # as handle_generate_request resolved it
 
     @property
     def fill_ids(self) -> list:
         return self.origin_input_ids + self.output_ids
+
+    def max_prefix_len(self) -> int:
+        """`_compute_max_prefix_len`: one token short of the input (its logits), and no
+        further than `logprob_start_len` when logprobs are returned from there."""
+        limit = len(self.fill_ids) - 1
+        if self.logprob_start_len >= 0:
+            limit = min(limit, self.logprob_start_len)
+        return max(limit, 0)
 
     @property
     def seqlen(self) -> int:

@@ -125,8 +125,14 @@ class Scheduler:
         return "stub" if req.rejected else "ok"
 
     @_borrow_synced
-    def submit_request(self, rid: int, tokens, max_new_tokens: int) -> str:
-        self.reqs[rid] = Req(rid, list(tokens), max_new_tokens)
+    def submit_request(self, rid: int, tokens, max_new_tokens: int,
+                       logprob_start_len=None) -> str:
+        """handle_generate_request: logprobs requested with the default start (-1) return
+        the output tokens' only (start = the prompt length); none requested: -1."""
+        req = Req(rid, list(tokens), max_new_tokens)
+        if logprob_start_len is not None:
+            req.logprob_start_len = len(tokens) if logprob_start_len == -1 else logprob_start_len
+        self.reqs[rid] = req
         return "ok"
 
     @_borrow_synced
@@ -143,7 +149,7 @@ class Scheduler:
         req = self._req(rid, "queued")
         fill = req.fill_ids
         input_len = len(fill)
-        key = fill[: input_len - 1]
+        key = fill[: req.max_prefix_len()]
         prefix_indices, last_node, protected = self.tree_cache.match_prefix(req, key)
         req.prefix_indices = prefix_indices
         req.last_node = last_node

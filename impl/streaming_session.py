@@ -67,7 +67,6 @@ class StreamingSession:
         self.era = era
         self.slots: dict = {}
         inner.split_at_prompt = era == "borrow"
-        inner.new_nodes_newer = era == "wrapper"
 
     @property
     def req_to_token_pool(self):

@@ -89,6 +89,7 @@ class FuzzReport:
     steps: int = 0
     coverage: dict = field(default_factory=dict)
     outcomes: dict = field(default_factory=dict)
+    paths: dict = field(default_factory=dict)
     found: list = field(default_factory=list)
     duplicates: int = 0
     interrupted: bool = False
@@ -105,6 +106,8 @@ class FuzzReport:
             outs = ", ".join(f"{k.split(':', 1)[1]} {v}" for k, v in sorted(self.outcomes.items())
                              if k.split(":", 1)[0] == n)
             lines.append(f"    {n:<{width}} {self.coverage.get(n, 0):>7}  {outs}")
+        if self.paths:
+            lines.append("  paths: " + ", ".join(f"{p} {n}" for p, n in sorted(self.paths.items())))
         missing = [n for n in OP_NAMES if not self.coverage.get(n)]
         if missing:
             lines.append(f"  NOT REACHED: {', '.join(missing)}")
@@ -261,6 +264,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.seconds = time.monotonic() - start
     report.sequences, report.steps = stats.sequences, stats.steps
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
+    report.paths = dict(stats.paths)
     return report
 
 

@@ -81,7 +81,8 @@ def state(s: AbstractState) -> dict:
         "page_size": _int(s.page_size), "num_pages": _int(s.num_pages), "num_rows": _int(s.num_rows),
         "free_pages": value(s.free_pages),
         "free_rows": value(s.free_rows),
-        "nodes": {"#map": [[value(n.path), _record(n, skip=("path",))] for n in s.nodes]},
+        "nodes": {"#map": [[value(n.path), _record(
+            n, skip=("path",), lru_rank=lambda v: optional(v, "Rank", "NoRank"))] for n in s.nodes]},
         "reqs": {"#map": [[_int(r.rid), _record(
             r, skip=("rid",), session=lambda v: optional(v, "Session", "NoSession"), row=row,
             anchor=anchor, row_pages=indexed)] for r in s.reqs]},
@@ -98,7 +99,11 @@ def operation(op) -> dict:
     """An operation as the variant `name(fields)`; None: the initial state's `init`."""
     if op is None:
         return variant("init")
-    return variant(op.name, {f.name: value(getattr(op, f.name)) for f in fields(op)})
+    from spec.fields import field_specs
+    nullable = {name for name, _, cons in field_specs(type(op)) if cons.get("nullable")}
+    return variant(op.name, {f.name: optional(getattr(op, f.name), "Some", "NoValue")
+                             if f.name in nullable else value(getattr(op, f.name))
+                             for f in fields(op)})
 
 
 def itf_trace(trace, res, source: str = "") -> dict:

@@ -27,6 +27,8 @@ class NodeView:
     parent: tuple          # the parent's path (() for a child of the root)
     pages: tuple           # page ids of this node's own key segment, len(key) // P of them
     lock_ref: int
+    lru_rank: Optional[int] = None   # eviction order among the evictable leaves (0 goes
+                                     # first; equal priorities share a rank); None: not one
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,18 @@ def _with(x, **changes):
     d.update(x.__dict__)
     d.update(changes)
     return y
+
+
+def with_lru_ranks(nodes, evictable: dict) -> list:
+    """`nodes` (NodeView) with `lru_rank` set from `evictable`: path -> the eviction
+    priority the system itself orders its evictable leaves by (the spec's tick, impl's
+    `last_access_tick`, upstream's `eviction_strategy.get_priority`). The rank is the dense
+    rank of that priority, so a stale access stamp shows at the step that makes it, not
+    at a later eviction; a tie (which the system breaks arbitrarily or by path) is one
+    rank on every side."""
+    order = {p: i for i, p in enumerate(sorted(set(evictable.values())))}
+    return [replace(n, lru_rank=order[evictable[n.path]]) if n.path in evictable else n
+            for n in nodes]
 
 
 MISSING = type("Missing", (), {"__repr__": lambda self: "(absent)"})()

@@ -141,7 +141,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     P = s.cfg.page_size
     child = s.nodes[child_id]
     new = Node(s.next_node_id, child.key[:split], child.pages[:split // P], child.parent,
-               {}, child.lock_ref, _creation_tick(s, child.tick))
+               {}, child.lock_ref, _creation_tick(s))
     s.next_node_id += 1
     s.nodes[new.id] = new
     parent = s.nodes[child.parent]
@@ -153,15 +153,15 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     return new.id
 
 
-def _creation_tick(s: State, borrow_tick: int) -> int:
-    """The tick of a node created by a walk. Wrapper era: `TreeNode()` reads
-    `time.monotonic()` after the walk's `access_time`, so a new node (a split's upper
-    half, a new leaf) is newer than every node the walk stamped, in creation order.
-    Borrow era: the walk's tick (the spec's rule, which 0.5.23's traces confirm)."""
-    if s.cfg.era == "wrapper":
-        s.tick += 1
-        return s.tick
-    return borrow_tick
+def _creation_tick(s: State) -> int:
+    """The tick of a node created by a walk (a split's upper half, a new leaf): newer than
+    every node the walk stamped, in creation order. 0.5.15: `TreeNode()` reads
+    `time.monotonic()` after the walk's `access_time` (S4). 0.5.23: `UnifiedTreeNode()`
+    takes `get_and_increase_time_counter()` after the walk's touches, and `_split_node`
+    re-stamps the lower half after creating the upper one, so an insert that splits a
+    node and adds a leaf orders them lower half < new leaf, as here (S7)."""
+    s.tick += 1
+    return s.tick
 
 
 def _walk(s: State, key: tuple) -> tuple[int, int, list]:
@@ -182,8 +182,6 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
         if m < len(child.key):
             cid = _split_node(s, cid, m)
             child = s.nodes[cid]
-        if s.cfg.era != "wrapper":
-            child.tick = access
         pages.extend(child.pages)
         i += m
         nid = cid
@@ -204,7 +202,7 @@ def insert(s: State, key: tuple, pages: list) -> int:
     nid, i, _ = _walk(s, key)
     if i < len(key):
         leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
-                    _creation_tick(s, s.tick))
+                    _creation_tick(s))
         s.next_node_id += 1
         s.nodes[leaf.id] = leaf
         s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
@@ -239,7 +237,8 @@ def dec_lock_ref(s: State, anchor) -> None:
         nid = n.parent
 
 
-def _evictable_leaves(s: State) -> list:
+def evictable_leaves(s: State) -> list:
+    """Unlocked childless nodes: what `evict` may pop (in (tick, path) order)."""
     return [n for n in s.nodes.values() if n.id != ROOT and not n.children and n.lock_ref == 0]
 
 
@@ -247,7 +246,7 @@ def evict(s: State, num_tokens: int) -> int:
     """`RadixCache.evict`: unlocked childless leaves in (tick, path) order."""
     evicted = 0
     while evicted < num_tokens:
-        leaves = _evictable_leaves(s)
+        leaves = evictable_leaves(s)
         if not leaves:
             break
         leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
@@ -571,8 +570,22 @@ def release_kv_cache(s: State, req: Req, is_insert: bool = True) -> None:
 # ---------------------------------------------------------------------------
 
 def _key_limit(req: Req) -> int:
-    """`_compute_max_prefix_len`: input_len - 1 (the one-token logit reserve)."""
-    return req.seqlen - 1
+    """`_compute_max_prefix_len` (0.5.15 `schedule_batch.py` l.1225-1230, 0.5.23
+    l.1768-1780): input_len - 1 (the one-token logit reserve), capped at the request's
+    `logprob_start_len` when it returns logprobs from there."""
+    limit = req.seqlen - 1
+    if req.logprob_start >= 0:
+        limit = min(limit, req.logprob_start)
+    return max(limit, 0)
+
+
+def resolve_logprob_start(logprob_start_len, prompt_len: int) -> int:
+    """`handle_generate_request` (0.5.15 `scheduler.py` l.2213-2235, 0.5.23 l.3256-3279):
+    no logprobs -> -1; logprobs with the default -1 -> the prompt length (output-token
+    logprobs only); else the given start."""
+    if logprob_start_len is None:
+        return -1
+    return prompt_len if logprob_start_len == -1 else logprob_start_len
 
 
 def _match(s: State, req: Req) -> int:
@@ -1005,7 +1018,8 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     elif isinstance(op, O.SubmitTurn):
         out = _submit_turn(s, op)
     elif isinstance(op, O.SubmitRequest):
-        s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens)
+        s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens,
+                             logprob_start=resolve_logprob_start(op.logprob_start_len, len(op.tokens)))
         out = "ok"
     elif isinstance(op, O.Schedule):
         out = _schedule(s, req, op.admit)

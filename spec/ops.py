@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, ClassVar
 
-from spec.fields import MAX_DRAFTS, MAX_ID, Id, Range, TokenCount, TokenId, Tokens, field_error
+from spec.fields import (MAX_DRAFTS, MAX_ID, Id, LogprobStart, Range, TokenCount, TokenId, Tokens,
+                         field_error)
 
 
 class OpError(ValueError):
@@ -56,11 +57,15 @@ class SubmitTurn(Op):
 
 @dataclass(frozen=True)
 class SubmitRequest(Op):
-    """A plain non-session request (shares the radix tree with sessions)."""
+    """A plain non-session request (shares the radix tree with sessions).
+    `logprob_start_len`: returned logprobs from there (None: none); it caps the prefix
+    match (`_compute_max_prefix_len`). A streaming turn's is overridden to -1 by
+    `init_next_round_input`, so `submit_turn` has none."""
     name: ClassVar[str] = "submit_request"
     rid: Id
     tokens: Tokens
     max_new_tokens: TokenCount
+    logprob_start_len: LogprobStart = None
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,9 @@ def cross_field_error(op: Op):
     state; None when it holds."""
     if isinstance(op, SpecDecode) and op.accepted > op.drafts:
         return f"spec_decode.accepted must be <= drafts ({op.drafts}), got {op.accepted}"
+    if isinstance(op, SubmitRequest) and (op.logprob_start_len or 0) > len(op.tokens):
+        return (f"submit_request.logprob_start_len must be <= len(tokens) ({len(op.tokens)}), "
+                f"got {op.logprob_start_len}")
     return None
 
 

@@ -65,6 +65,8 @@ class Req:
     is_retracted: bool = False
     array_of: Optional[int] = None          # id of the token array origin is (the rid that
                                             # created it); None: a private array
+    logprob_start: int = -1                 # logprob_start_len as the scheduler resolved it
+                                            # (-1: no cap on the prefix match)
 
     @property
     def fill_ids(self) -> tuple:

@@ -1,10 +1,11 @@
 """The spec's own state mapped onto the AbstractState (the same view adapters produce)."""
 from __future__ import annotations
 
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+                           with_lru_ranks)
 from spec.pages import ceil_div
 from spec.state import ROOT, State
-from spec.model import node_path
+from spec.model import evictable_leaves, node_path
 
 
 def anchor_view(s: State, anchor, locked: bool = True):
@@ -32,8 +33,9 @@ def abstract(s: State) -> AbstractState:
     cfg = s.cfg
     paths = {nid: node_path(s, nid) for nid in s.nodes}
     nodes = tuple(sorted(
-        (NodeView(paths[n.id], paths[n.parent], n.pages, n.lock_ref)
-         for n in s.nodes.values() if n.id != ROOT),
+        with_lru_ranks((NodeView(paths[n.id], paths[n.parent], n.pages, n.lock_ref)
+                        for n in s.nodes.values() if n.id != ROOT),
+                       {paths[n.id]: n.tick for n in evictable_leaves(s)}),
         key=lambda v: v.path))
     reqs = tuple(
         ReqView(rid=r.rid, session=r.session, streaming=r.streaming, rejected=r.rejected,

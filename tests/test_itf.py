@@ -47,7 +47,8 @@ def assert_state_is(rec, s):
     assert {tuple(k) for k in rec.nodes} == {n.path for n in s.nodes}
     for n in s.nodes:
         got = rec.nodes[_key(rec.nodes, n.path)]
-        assert (tuple(got.parent), tuple(got.pages), got.lock_ref) == (n.parent, n.pages, n.lock_ref)
+        assert (tuple(got.parent), tuple(got.pages), got.lock_ref, _opt(got.lru_rank)) == \
+            (n.parent, n.pages, n.lock_ref, n.lru_rank)
     assert set(rec.reqs) == {r.rid for r in s.reqs}
     for r in s.reqs:
         g = rec.reqs[r.rid]
@@ -93,7 +94,8 @@ def test_itf_py_reads_the_replay_back(tmp_path, capsys, name, fault):
     for st, rec in zip(t.states[1:], res.records):
         v = st.values
         assert v["step"] == rec.index and v["action"] == rec.op.name == _tag(v["op"])
-        assert {k: _seq(x) for k, x in v["op"]._asdict().items()} == \
+        assert {k: _opt(x) if _tag(x) in ("Some", "NoValue") else _seq(x)
+                for k, x in v["op"]._asdict().items()} == \
             {k: x for k, x in rec.op.to_json().items() if k != "op"} | \
             {k: tuple(x) for k, x in rec.op.to_json().items() if isinstance(x, list)}
         assert (v["outcome"], v["sut_outcome"]) == (rec.outcome, rec.backend_outcome)

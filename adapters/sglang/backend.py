@@ -34,8 +34,10 @@ import types
 from array import array
 
 from spec import ops as O
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView, build_content
+from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+                           with_lru_ranks)
 from spec.config import Config, ConfigError
+from spec.model import resolve_logprob_start
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
 
@@ -358,8 +360,12 @@ class SglangBackend:
     def _op_submit_request(self, op):
         from sglang.srt.managers.schedule_batch import Req
         t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None)
-        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB,
+                  return_logprob=op.logprob_start_len is not None)
         req.tokenizer = None
+        # handle_generate_request's logprob_start_len resolution (glue); upstream's own
+        # init_next_round_input then caps the prefix match with it
+        req.logprob_start_len = resolve_logprob_start(op.logprob_start_len, len(op.tokens))
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
         return "ok"
 
@@ -753,8 +759,26 @@ class SglangBackend:
                 out.append(NodeView(path=path, parent=paths[self._nid(n)], pages=pages,
                                     lock_ref=self._node_lock_ref(child)))
                 stack.append(child)
+        leaves, priority = self._eviction_order()
+        out = with_lru_ranks(out, {paths[self._nid(n)]: priority(n) for n in leaves})
         out.sort(key=lambda v: v.path)
         return out, paths
+
+    def _eviction_order(self):
+        """(the evictable leaves, the priority evict() pops them by), both upstream's own.
+        0.5.15 `RadixCache.evict` heaps `(eviction_strategy.get_priority(n), n)` over
+        `evictable_leaves` (LRU: `last_access_time`; a tie falls to `TreeNode.__lt__`,
+        which says neither is less: heap order). 0.5.23 `FullComponent._evict_device_start`
+        heaps `(session_ref_eviction_strategy(n), n)` over the tree core's
+        `evictable_device_leaves` (LRU: the `last_access_time` counter; with session radix
+        caching, session-referenced nodes last)."""
+        if self.api == "flat":
+            return list(self.tree.evictable_leaves), self.tree.eviction_strategy.get_priority
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        core = self.cache.tree_core
+        [full] = [c for c in core.components if c.component_type == ComponentType.FULL]
+        full._ensure_eviction_strategy()
+        return list(core.evictable_device_leaves), full.session_ref_eviction_strategy
 
     def _req_anchor(self, node, paths: dict, sid_hint, locked: bool):
         """A radix anchor (root included) through which the request holds no lock is
@@ -873,6 +897,86 @@ class SglangBackend:
     def _flag(self, req, name):
         return getattr(req, name) if self.api == "flat" else getattr(req.kv, name, False)
 
+    def _invariant_checker(self):
+        """Upstream's own `SchedulerPoolStatsObserver` and `SchedulerInvariantChecker`
+        (`managers/scheduler_components/`), built as `Scheduler.init_invariant_checker`
+        builds them for a plain (no SWA, no SSM, no HiSparse, no disaggregation) server;
+        each release takes the fields its dataclasses declare. None where the release
+        has no such checker."""
+        if getattr(self, "_checker", False) is not False:
+            return self._checker
+        import dataclasses
+        try:
+            from sglang.srt.disaggregation.utils import DisaggregationMode
+            from sglang.srt.managers.scheduler_components import invariant_checker as ic
+            from sglang.srt.managers.scheduler_components import pool_stats_observer as po
+            from sglang.srt.server_args import get_global_server_args
+        except ImportError:
+            self._checker = None
+            return None
+        values = dict(
+            tree_cache=self.cache, token_to_kv_pool_allocator=self.alloc,
+            req_to_token_pool=self.pool, session_controller=self.ctrl,
+            hisparse_coordinator=None, is_hybrid_swa=False, is_hybrid_ssm=False,
+            enable_hisparse=False, full_tokens_per_layer=None, swa_tokens_per_layer=None,
+            max_total_num_tokens=self.cfg.num_pages * self.P, page_size=self.P,
+            disaggregation_mode=DisaggregationMode.NULL,
+            get_last_batch=self._running_batch, get_running_batch=lambda: None,
+            scheduler_stage_metrics=None)
+
+        def build(cls, **extra):
+            names = {f.name for f in dataclasses.fields(cls) if f.init}
+            if "server_args" in names:      # 0.5.15; retired (raises) in 0.5.23
+                extra["server_args"] = get_global_server_args()
+            return cls(**{k: v for k, v in {**values, **extra}.items() if k in names})
+
+        observer = build(po.SchedulerPoolStatsObserver)
+        self._checker = (observer, build(ic.SchedulerInvariantChecker, pool_stats_observer=observer))
+        return self._checker
+
+    def _running_batch(self):
+        """The scheduler's last batch as upstream's checks read it: the requests that
+        hold a row in a forward (prefilling or decoding); None when there are none."""
+        reqs = [L.req for L in self.live.values() if L.phase in ("prefill", "decode")]
+        if not reqs:
+            return None
+        return types.SimpleNamespace(reqs=reqs, is_empty=lambda: False)
+
+    def upstream_busy_violations(self) -> list[Violation]:
+        """`self_check_during_busy`'s accounting, upstream's own code: available +
+        evictable + protected + session_held + the running requests' uncached tokens
+        (`_get_total_uncached_sizes`) == total. L1 (busy)."""
+        observer, checker = self._invariant_checker()
+        full_uncached, _ = checker._get_total_uncached_sizes()
+        leak, msg = checker._check_full_pool(observer.get_pool_stats(), uncached=full_uncached)
+        return [Violation("L1", "upstream pool accounting (busy)", msg, owner="allocator")] \
+            if leak else []
+
+    def upstream_leak_violations(self) -> list[Violation]:
+        """`Scheduler.on_idle`'s leak checks, upstream's own code, when the emulated
+        scheduler is fully idle (no live request): L1 `_check_all_pools` (available +
+        evictable + protected + `session_held_tokens()` == total), L2 `_check_req_pool`
+        (free rows + `session_held_req_count()` == rows). Beside kvcheck's own held
+        count (the spec's invariants on this side's abstract state)."""
+        if self._invariant_checker() is None:
+            return []
+        if self.live:
+            return self.upstream_busy_violations() if self._running_batch() else []
+        observer, checker = self._invariant_checker()
+        out = []
+        leak, messages = checker._check_all_pools(observer.get_pool_stats())
+        if leak:
+            out.append(Violation("L1", "upstream pool accounting (idle)",
+                                 "; ".join(m for m in messages if m), owner="allocator"))
+        before = checker.count_req_pool_leak_warnings
+        checker._check_req_pool()
+        if checker.count_req_pool_leak_warnings != before:
+            out.append(Violation("L2", "upstream request-pool accounting (idle)",
+                                 f"free rows {len(self.pool.free_slots)} + session_held_req_count "
+                                 f"{observer.session_held_req_count()} != {self.pool.size}",
+                                 owner="req_to_token_pool"))
+        return out
+
     def concrete_violations(self) -> list[Violation]:
         """What only the concrete tensors show: C1 a free page still referenced by a
         live row range or tree node; C2 a duplicate in the free census; C3 row/page
@@ -934,4 +1038,4 @@ class SglangBackend:
             if row in free_rows:
                 out.append(Violation("C5", "row both free and held",
                                      f"row {row} is in free_slots", owner=who))
-        return out
+        return out + self.upstream_leak_violations()

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from spec import ops as O
 from spec.config import Config
+from spec.pages import free_kv_aligned_pages, restore_prefix_len
 
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
 """Prompts start with a cut of one of these, so radix matches and splits happen."""
@@ -171,8 +172,16 @@ def _submit_request(c: Ctx, d: Drawer):
     if not c.room():
         return None
     P = c.cfg.page_size
-    return O.SubmitRequest(c.fresh(), draw_prompt(d, P, 1, 16, "tokens"),
-                           draw_length(d, P, 1, 10, "max_new_tokens"))
+    tokens = draw_prompt(d, P, 1, 16, "tokens")
+    return O.SubmitRequest(c.fresh(), tokens, draw_length(d, P, 1, 10, "max_new_tokens"),
+                           draw_logprob_start(d, P, len(tokens)))
+
+
+def draw_logprob_start(d: Drawer, P: int, prompt_len: int):
+    """`logprob_start_len` of a plain request: mostly none, else upstream's default (-1:
+    caps a retried request's match at its prompt) or a page-biased start in the prompt."""
+    kind = d.choice((None, None, None, -1, "start"), "logprob_start_len")
+    return draw_length(d, P, 0, prompt_len, "logprob_start_len") if kind == "start" else kind
 
 
 def _rid_op(cls, *phases):
@@ -240,23 +249,74 @@ no object to act on. A new operation in spec.ops needs one entry here."""
 
 @dataclass
 class Stats:
-    """Per-operation counts of applied steps (enabled and run on both sides)."""
+    """Per-operation counts of applied steps (enabled and run on both sides), and of the
+    PATHS they took."""
     coverage: Counter = field(default_factory=Counter)
     outcomes: Counter = field(default_factory=Counter)
+    paths: Counter = field(default_factory=Counter)
     steps: int = 0
     sequences: int = 0
 
-    def record(self, op: O.Op, outcome: str) -> None:
+    def record(self, op: O.Op, outcome: str, paths: Sequence[str] = ()) -> None:
         self.coverage[op.name] += 1
         self.outcomes[f"{op.name}:{outcome}"] += 1
+        self.paths.update(paths)
         self.steps += 1
 
     def merge(self, other: "Stats") -> None:
         self.coverage.update(other.coverage)
         self.outcomes.update(other.outcomes)
+        self.paths.update(other.paths)
         self.steps += other.steps
         self.sequences += other.sequences
 
     def clear(self) -> None:
-        self.coverage.clear(), self.outcomes.clear()
+        self.coverage.clear(), self.outcomes.clear(), self.paths.clear()
         self.steps = self.sequences = 0
+
+
+def _retry(state, op) -> bool:
+    """The retry of a retracted request: its next `schedule`."""
+    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    return r is not None and r.is_retracted
+
+
+def _restored_slot(state, op):
+    """The session slot a `schedule` restores its turn from (`find_active_slot`), or None."""
+    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    if r is None or r.session is None or r.to_finish:
+        return None
+    slot = state.slots.get(r.session)
+    return slot if slot is not None and slot.row is not None else None
+
+
+def _restore_clamps(state, op) -> bool:
+    """`try_match_prefix`'s `min(kv_committed_len, len(key))` takes the key's length."""
+    slot = _restored_slot(state, op)
+    return slot is not None and restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen) < \
+        slot.committed
+
+
+def _free_tail_frees(state, op) -> bool:
+    """`_free_tail` frees pages past the restored prefix."""
+    slot = _restored_slot(state, op)
+    if slot is None:
+        return False
+    prefix = restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen)
+    return len(free_kv_aligned_pages(prefix, slot.allocated, state.cfg.page_size)) > 0
+
+
+PATHS: dict[str, Callable] = {
+    "retract-retry": _retry,
+    "retract-retry from the session slot": lambda state, op: _retry(state, op) and
+    state.reqs[op.rid].session in state.slots,
+    "slot restore clamped to the key": _restore_clamps,
+    "_free_tail frees": _free_tail_frees,
+}
+"""Paths through the model that one operation name does not show, each a predicate on
+(spec state before, operation); `check` fails when its differential run misses one."""
+
+
+def paths_of(state, op) -> list:
+    """The PATHS that applying `op` in `state` takes."""
+    return [name for name, took in PATHS.items() if took(state, op)]

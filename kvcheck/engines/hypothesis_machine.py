@@ -20,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from kvcheck.checker import Failure, Lockstep
 from kvcheck.engines import profiles  # noqa: F401  (registers the settings profiles)
 from kvcheck.engines.gen import (ARGS, MAX_LIVE_REQS, MAX_SESSIONS, Ctx, HypothesisDrawer,
-                                 Stats, draw_config)
+                                 Stats, draw_config, paths_of)
 from spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
 
 LAST_FAILURE: dict = {}
@@ -109,10 +109,11 @@ class KVMachine(RuleBasedStateMachine):
                 event(f"skipped: recorded finding {reason}")
                 return
         self.ops.append(op)
+        paths = paths_of(self.s, op)
         rec, fail = self.lock.apply(op)
         if fail is not None:
             self._fail(fail)
-        STATS.record(op, rec.outcome)
+        STATS.record(op, rec.outcome, paths)
         event(f"op {op.name} -> {rec.outcome}")
 
     def _fail(self, failure: Failure):

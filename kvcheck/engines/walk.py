@@ -17,7 +17,7 @@ from itertools import accumulate
 from typing import Callable, Optional
 
 from kvcheck.checker import Failure, Lockstep
-from kvcheck.engines.gen import ARGS, Ctx, Drawer, RandomDrawer, Stats, draw_config, one_in
+from kvcheck.engines.gen import ARGS, Ctx, Drawer, RandomDrawer, Stats, draw_config, one_in, paths_of
 from spec.config import Config
 from spec.model import enabled
 
@@ -34,7 +34,9 @@ CORE = frozenset({"open_session", "submit_turn", "schedule", "prefill_chunk", "d
                   "spec_decode", "finish"})
 """Never left out by the swarm: without them a sequence cannot get anywhere."""
 SWARM_FACTORS = (0.25, 0.5, 1.0, 1.0, 2.0, 4.0)
-LENGTHS = (16, 32, 48, 64, 96, 128)
+LENGTHS = (32, 48, 64, 96, 128, 192)
+"""Drawn operations per sequence (the enabled ones are applied): `check`'s 100 sequences
+average ~65 applied steps, long enough for retract -> re-schedule -> finish paths."""
 TRIES_PER_STEP = 8
 
 
@@ -90,11 +92,12 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
             if op is None:
                 continue
             seq.ops.append(op)
+            paths = paths_of(lock.state, op)
             rec, fail = lock.apply(op)
             if fail is not None:
                 seq.failure = fail
                 return seq
-            stats.record(op, rec.outcome)
+            stats.record(op, rec.outcome, paths)
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()
