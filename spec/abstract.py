@@ -147,7 +147,7 @@ def with_lru_ranks(nodes, evictable: dict) -> list:
     at a later eviction; a tie (which the system breaks arbitrarily or by path) is one
     rank on every side."""
     order = {p: i for i, p in enumerate(sorted(set(evictable.values())))}
-    return [replace(n, lru_rank=order[evictable[n.path]]) if n.path in evictable else n
+    return [_with(n, lru_rank=order[evictable[n.path]]) if n.path in evictable else n
             for n in nodes]
 
 
