@@ -10,11 +10,13 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= ray
+EXTRAS ?= ray,mutation
+COVERAGE_FLAGS ?=
+MUTATION_SAMPLE ?= 20
 TRACE ?=
 CHECK_FLAGS ?=
 
-.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean
+.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean coverage mutation mutation-sample
 
 venv: $(STAMP)
 
@@ -54,6 +56,18 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_detect
 	$(PY) -m benchmarks.bench_scale
 
+# line and branch coverage of impl/ by check's runs and a fixed-count fuzz run
+# (COVERAGE_FLAGS="--backend sglang:0.5.23": of a release's modules, in its venv)
+coverage: $(STAMP)
+	$(VENV)/bin/kvcheck coverage $(COVERAGE_FLAGS)
+
+# mutation testing of impl/ with mutmut: every mutant (nightly), or a fixed-seed sample (CI)
+mutation: $(STAMP)
+	$(PY) -m kvcheck.mutation
+
+mutation-sample: $(STAMP)
+	$(PY) -m kvcheck.mutation --sample $(MUTATION_SAMPLE) --examples 30 --min-score 0
+
 # impl/ tests, a fuzz run and per-op latency on CUDA beside CPU (KVCHECK_DEVICE=cpu: cpu only)
 check-gpu: $(STAMP)
 	$(PY) -m benchmarks.check_gpu
@@ -75,4 +89,4 @@ check-sglang: $(STAMP) sglang-env
 	done
 
 clean:
-	rm -rf $(VENV) .hypothesis .pytest_cache failures
+	rm -rf $(VENV) .hypothesis .pytest_cache failures mutants
