@@ -5,9 +5,10 @@
    one campaign (backend impl); after each sequence the steps so far and the impl/
    branch arcs reached. Printed: the arcs each engine reached within the same step
    budgets.
-2. Time to detection per planted fault (benchmarks.bench_detect.detect: seconds from
-   the campaign's start to the first report), `--examples` sequences per campaign, the
-   median over `--seeds` seeds per fault, then the median and worst over the faults.
+2. Time to detection per planted fault: seconds from the campaign's start to the first
+   report, and sequences run until then, `--examples` sequences per campaign (no
+   shrinking), the median over `--seeds` seeds per fault, then the median and worst
+   over the faults.
 
 Wall-clock figures from a shared machine: compare the columns of one run.
 """
@@ -59,8 +60,21 @@ def arcs_within(points: list, budget: int) -> int:
     return best
 
 
+def first_report(fault: str, engine: str, seed: int, examples: int, out: Path) -> tuple:
+    """(seconds to the first report, sequences run until then) of one campaign with
+    `fault` planted (no shrinking); (INF, INF) when nothing was found."""
+    from benchmarks.bench_detect import INF
+    from kvcheck.fuzz import Console, fuzz
+    rep = fuzz(None, seed, "impl", out / f"{engine}-{fault}-{seed}", rounds=examples,
+               engine=engine, stop_on_first=True, planted=(fault,), shrink_replays=0,
+               console=Console(quiet=True, prefix=f"[{engine} {fault}] "))
+    if not rep.found:
+        return INF, INF
+    return rep.found[0].seconds_to_find, rep.found[0].index + 1
+
+
 def main(argv=None) -> int:
-    from benchmarks.bench_detect import INF, _fmt, detect
+    from benchmarks.bench_detect import INF, _fmt
     from impl import faults
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=200, help="sequences per coverage curve")
@@ -86,23 +100,25 @@ def main(argv=None) -> int:
         return 0
 
     names = args.faults or sorted(faults.FAULTS)
-    print(f"\nseconds to the first report per planted fault ({args.examples} sequences, "
-          f"median of {args.seeds} seed(s)):", flush=True)
-    print(f"{'planted fault':<32}" + "".join(f"{e:>10}" for e in ENGINES), flush=True)
+    print(f"\nper planted fault: seconds to the first report / sequences run until then "
+          f"({args.examples} sequences, median of {args.seeds} seed(s)):", flush=True)
+    print(f"{'planted fault':<32}" + "".join(f"{e:>18}" for e in ENGINES), flush=True)
     table: dict = {e: [] for e in ENGINES}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             row = []
             for e in ENGINES:
-                t = statistics.median(detect(name, e, s, args.examples, Path(tmp))[1]
-                                      for s in range(args.seeds))
-                table[e].append(t)
-                row.append(t)
-            print(f"{name:<32}" + "".join(f"{_fmt(x):>10}" for x in row), flush=True)
-    for e, xs in table.items():
-        caught = sum(x != INF for x in xs)
-        print(f"{e:<8} caught {caught}/{len(xs)}; median {_fmt(statistics.median(xs)).strip()} s, "
-              f"worst {_fmt(max(xs)).strip()} s")
+                runs = [first_report(name, e, s, args.examples, Path(tmp)) for s in range(args.seeds)]
+                med = tuple(statistics.median(r[i] for r in runs) for i in range(2))
+                table[e].append(med)
+                row.append(f"{_fmt(med[0]).strip()} / {med[1]:g}")
+            print(f"{name:<32}" + "".join(f"{x:>18}" for x in row), flush=True)
+    for e, rows in table.items():
+        caught = sum(r[0] != INF for r in rows)
+        secs, seqs = [r[0] for r in rows], [r[1] for r in rows]
+        print(f"{e:<8} caught {caught}/{len(rows)}; seconds median {_fmt(statistics.median(secs)).strip()}, "
+              f"worst {_fmt(max(secs)).strip()}; sequences median {statistics.median(seqs):g}, "
+              f"worst {max(seqs):g}")
     return 0
 
 

@@ -93,6 +93,8 @@ def _walk_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
         if seq.failure is not None:
             res.failure = RawFailure(i, seq.cfg, seq.ops, seq.failure)
             break
+    if guided is not None:
+        guided.pause()
     return res
 
 

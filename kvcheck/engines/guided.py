@@ -4,13 +4,15 @@ engine, as AFL and HypoFuzz do.
 A corpus keeps every sequence that reached a branch no earlier sequence reached
 (coverage.py's branch arcs of impl/ when the system under test is impl, of spec/
 otherwise: a release runs in another process, and the spec's paths follow its own).
-Once the corpus holds anything, three sequences in four are derived from it, the
-fourth is a fresh walk (kvcheck.engines.walk); a derived one is one of:
+Once the corpus holds anything, every other sequence is derived from it (half the
+time from one of its latest entries), the rest are fresh walks (kvcheck.engines.walk);
+a derived one is one of:
 
-  extend   a corpus sequence, then more random steps;
+  extend   the first half or more of a corpus sequence, then more random steps;
   splice   the head of one corpus sequence, then the tail of another;
   argument a corpus sequence with one operation's argument changed;
   swap     a corpus sequence with two neighbouring operations swapped;
+  config   a corpus sequence under its configuration with one field drawn afresh;
 
 each replayed through the walk (an operation the spec does not enable at its point is
 left out) and continued by it. Sequence `index` of campaign `seed` is a pure function of
@@ -25,13 +27,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.gen import RandomDrawer, Stats, draw_config
 from kvcheck.engines.walk import Sequence, walk
 from spec import ops as O
 
 ROOT = Path(__file__).resolve().parents[2]
-MUTATE_SHARE = 0.75
-MUTATIONS = ("extend", "splice", "argument", "swap")
+MUTATE_SHARE = 0.5
+MUTATIONS = ("extend", "splice", "argument", "swap", "config")
+RECENT = 16
+DRY_AFTER = 20
+SAMPLE_EVERY = 4
 EXTRA_STEPS = (0, 8, 16, 32)
 MAX_CORPUS = 512
 
@@ -43,11 +48,40 @@ class Feedback:
     def __init__(self, source: Path) -> None:
         import coverage
         self.cov = coverage.Coverage.current()
-        if self.cov is None:
+        self.own = self.cov is None
+        if self.own:
             self.cov = coverage.Coverage(branch=True, data_file=None, source=[str(source)])
+            self.cov.set_option("run:disable_warnings", ["no-data-collected"])
             self.cov.start()
+        self.tracing = True
+        self.dry = 0                     # sequences in a row that reached nothing new
         self.seen: set = set()
         self.new_arcs()                  # what this process reached before: not new
+
+    def before(self, index: int) -> None:
+        """Tracing costs about 1.6x; once DRY_AFTER sequences in a row reached nothing
+        new, only every SAMPLE_EVERY-th sequence is traced (until one reaches something
+        new again). A collector this class did not start (kvcheck coverage's) always runs."""
+        want = not self.own or self.dry < DRY_AFTER or index % SAMPLE_EVERY == 0
+        if want and not self.tracing:
+            self.cov.start()
+        elif not want and self.tracing:
+            self.cov.stop()
+        self.tracing = want
+
+    def pause(self) -> None:
+        """Between chunks: nothing outside the sequences is traced."""
+        if self.own and self.tracing:
+            self.cov.stop()
+            self.tracing = False
+
+    def after(self) -> int:
+        """New arcs of the sequence just run (0 when it was not traced)."""
+        if not self.tracing:
+            return 0
+        n = self.new_arcs()
+        self.dry = 0 if n else self.dry + 1
+        return n
 
     def new_arcs(self) -> int:
         data = self.cov.get_data()
@@ -94,13 +128,40 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
     return dataclasses.replace(op, **{f: new})
 
 
-def derive(how: str, corpus: list, rng: random.Random) -> tuple:
-    """(cfg, script, length) of a sequence derived from the corpus."""
-    a = rng.choice(corpus)
+CONFIG_FIELDS = ("page_size", "num_pages", "num_rows", "chunk_size", "spec_enabled",
+                 "overlap", "era")
+
+
+def change_config(cfg, fresh, f: str):
+    """`cfg` with field `f` taken from the freshly drawn `fresh` (with the page size, the
+    pool size and chunk size drawn for it too); `fresh` itself if that is not valid."""
+    from spec.config import ConfigError
+    kw = {f: getattr(fresh, f)}
+    if f == "page_size":
+        kw.update(num_pages=fresh.num_pages, chunk_size=fresh.chunk_size)
+    try:
+        return dataclasses.replace(cfg, **kw)
+    except ConfigError:
+        return fresh
+
+
+def pick(corpus: list, rng: random.Random) -> Entry:
+    """A corpus entry, half the time one of the latest (where the frontier is)."""
+    return rng.choice(corpus[-RECENT:] if rng.random() < 0.5 else corpus)
+
+
+def derive(how: str, corpus: list, rng: random.Random, fresh_cfg=None) -> tuple:
+    """(cfg, script, length) of a sequence derived from the corpus; `fresh_cfg`: a newly
+    drawn configuration the "config" mutation takes one field from."""
+    a = pick(corpus, rng)
     ops = list(a.ops)
+    cfg = a.cfg
     extra = rng.choice(EXTRA_STEPS)
     if how == "extend":
+        ops = ops[:rng.randint(len(ops) // 2, len(ops))]
         extra = max(extra, 8)
+    elif how == "config" and fresh_cfg is not None:
+        cfg = change_config(cfg, fresh_cfg, rng.choice(CONFIG_FIELDS))
     elif how == "splice":
         b = rng.choice(corpus)
         ops = ops[:rng.randint(0, len(ops))] + list(b.ops[rng.randint(0, len(b.ops)):])
@@ -111,7 +172,7 @@ def derive(how: str, corpus: list, rng: random.Random) -> tuple:
     elif how == "swap" and len(ops) > 1:
         i = rng.randrange(len(ops) - 1)
         ops[i], ops[i + 1] = ops[i + 1], ops[i]
-    return a.cfg, ops, len(ops) + extra
+    return cfg, ops, len(ops) + extra
 
 
 class Guided:
@@ -126,17 +187,23 @@ class Guided:
     def run(self, index: int, factory: Optional[Callable], bname: str, stats: Stats,
             config_kw: Optional[dict] = None, skip: Optional[Callable] = None) -> Sequence:
         rng = random.Random(f"kvcheck-guided:{self.seed}:{index}")
+        self.feedback.before(index)
         if self.corpus and rng.random() < MUTATE_SHARE:
             how = rng.choice(MUTATIONS)
-            cfg, script, length = derive(how, self.corpus, rng)
+            fresh = draw_config(RandomDrawer(rng), **(config_kw or {}))
+            cfg, script, length = derive(how, self.corpus, rng, fresh)
             self.derived += 1
             seq = walk(self.seed, index, factory, bname, stats, config_kw=config_kw, skip=skip,
                        cfg=cfg, script=script, rng_tag=how, length=length)
         else:
             seq = walk(self.seed, index, factory, bname, stats, config_kw=config_kw, skip=skip)
-        if self.feedback.new_arcs() and seq.failure is None and len(self.corpus) < MAX_CORPUS:
+        if self.feedback.after() and seq.failure is None and len(self.corpus) < MAX_CORPUS:
             self.corpus.append(Entry(seq.cfg, list(seq.ops)))
         return seq
+
+
+    def pause(self) -> None:
+        self.feedback.pause()
 
 
 _CAMPAIGNS: dict = {}
@@ -146,5 +213,8 @@ def guided_for(key, seed: int, backend: str, start: int) -> Guided:
     """The campaign's Guided in this process; a campaign that starts again at index 0
     starts with an empty corpus."""
     if start == 0 or key not in _CAMPAIGNS:
+        old = _CAMPAIGNS.pop(key, None)
+        if old is not None:
+            old.pause()
         _CAMPAIGNS[key] = Guided(seed, backend)
     return _CAMPAIGNS[key]
