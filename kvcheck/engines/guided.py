@@ -4,14 +4,16 @@ engine, as AFL and HypoFuzz do.
 A corpus keeps every sequence that reached a branch no earlier sequence reached
 (coverage.py's branch arcs of impl/ when the system under test is impl, of spec/
 otherwise: a release runs in another process, and the spec's paths follow its own).
-Once the corpus holds anything, every other sequence is derived from it (half the
-time from one of its latest entries), the rest are fresh walks (kvcheck.engines.walk);
-a derived one is one of:
+Fresh walks (kvcheck.engines.walk, the same sequences the walk engine runs) come first;
+once FRESH_DRY of them in a row reached nothing new, three sequences in four are
+derived from the corpus (half the time from one of its latest entries), until fresh
+walks pay again; a derived one is one of:
 
   extend   the first half or more of a corpus sequence, then more random steps;
   splice   the head of one corpus sequence, then the tail of another;
-  argument a corpus sequence with one operation's argument changed;
-  swap     a corpus sequence with two neighbouring operations swapped;
+  argument a corpus sequence with one operation's argument changed (and a few of the
+           operations after it);
+  swap     a corpus sequence with two neighbouring operations swapped (same);
   config   a corpus sequence under its configuration with one field drawn afresh;
 
 each replayed through the walk (an operation the spec does not enable at its point is
@@ -32,12 +34,17 @@ from kvcheck.engines.walk import Sequence, walk
 from spec import ops as O
 
 ROOT = Path(__file__).resolve().parents[2]
-MUTATE_SHARE = 0.5
+MUTATE_SHARE = 0.75
 MUTATIONS = ("extend", "splice", "argument", "swap", "config")
 RECENT = 16
 DRY_AFTER = 20
 SAMPLE_EVERY = 4
-EXTRA_STEPS = (0, 8, 16, 32)
+EXTRA_STEPS = (4, 8, 16)
+TAIL = 12
+"""After a changed or swapped operation, at most this many of the parent's next ones."""
+FRESH_DRY = 2
+"""Derive only once this many fresh walks in a row reached nothing new (while random
+walks still pay, they are the cheaper way to new branches)."""
 MAX_CORPUS = 512
 
 
@@ -169,9 +176,11 @@ def derive(how: str, corpus: list, rng: random.Random, fresh_cfg=None) -> tuple:
         i = rng.randrange(len(ops))
         ids = sorted({getattr(o, "rid", None) for o in ops} - {None})
         ops[i] = change_argument(ops[i], ids, rng)
+        ops = ops[:i + 1 + rng.randint(0, TAIL)]        # what follows the change matters
     elif how == "swap" and len(ops) > 1:
         i = rng.randrange(len(ops) - 1)
         ops[i], ops[i + 1] = ops[i + 1], ops[i]
+        ops = ops[:i + 2 + rng.randint(0, TAIL)]
     return cfg, ops, len(ops) + extra
 
 
@@ -183,12 +192,14 @@ class Guided:
         self.corpus: list = []
         self.feedback = Feedback(ROOT / ("impl" if backend == "impl" else "spec"))
         self.derived = 0
+        self.fresh_dry = 0
 
     def run(self, index: int, factory: Optional[Callable], bname: str, stats: Stats,
             config_kw: Optional[dict] = None, skip: Optional[Callable] = None) -> Sequence:
         rng = random.Random(f"kvcheck-guided:{self.seed}:{index}")
         self.feedback.before(index)
-        if self.corpus and rng.random() < MUTATE_SHARE:
+        derived = (self.corpus and self.fresh_dry >= FRESH_DRY and rng.random() < MUTATE_SHARE)
+        if derived:
             how = rng.choice(MUTATIONS)
             fresh = draw_config(RandomDrawer(rng), **(config_kw or {}))
             cfg, script, length = derive(how, self.corpus, rng, fresh)
@@ -197,7 +208,10 @@ class Guided:
                        cfg=cfg, script=script, rng_tag=how, length=length)
         else:
             seq = walk(self.seed, index, factory, bname, stats, config_kw=config_kw, skip=skip)
-        if self.feedback.after() and seq.failure is None and len(self.corpus) < MAX_CORPUS:
+        new = self.feedback.after()
+        if not derived and self.feedback.tracing:
+            self.fresh_dry = 0 if new else self.fresh_dry + 1
+        if new and seq.failure is None and len(self.corpus) < MAX_CORPUS:
             self.corpus.append(Entry(seq.cfg, list(seq.ops)))
         return seq
 
