@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(PY) -m benchmarks.bench_explore
 	$(PY) -m benchmarks.bench_detect
 	$(PY) -m benchmarks.bench_scale
+	$(PY) -m benchmarks.bench_coverage
 
 # line and branch coverage of impl/ by check's runs and a fixed-count fuzz run
 # (COVERAGE_FLAGS="--backend sglang:0.5.23": of a release's modules, in its venv)
