@@ -48,6 +48,11 @@ walks still pay, they are the cheaper way to new branches)."""
 MAX_CORPUS = 512
 
 
+_COLLECTORS: dict = {}
+"""coverage.py collectors this module started, by source folder (created once: a
+collector costs a few tenths of a second to set up)."""
+
+
 class Feedback:
     """New branch arcs since the last call, from the coverage.py collector running in
     this process (`kvcheck coverage`'s, or one started here over `source`)."""
@@ -56,9 +61,12 @@ class Feedback:
         import coverage
         self.cov = coverage.Coverage.current()
         self.own = self.cov is None
-        if self.own:
-            self.cov = coverage.Coverage(branch=True, data_file=None, source=[str(source)])
-            self.cov.set_option("run:disable_warnings", ["no-data-collected"])
+        if self.own:                    # one collector per source for the process
+            if source not in _COLLECTORS:
+                cov = coverage.Coverage(branch=True, data_file=None, source=[str(source)])
+                cov.set_option("run:disable_warnings", ["no-data-collected"])
+                _COLLECTORS[source] = cov
+            self.cov = _COLLECTORS[source]
             self.cov.start()
         self.tracing = True
         self.dry = 0                     # sequences in a row that reached nothing new
