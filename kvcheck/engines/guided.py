@@ -67,6 +67,7 @@ class Feedback:
                 cov.set_option("run:disable_warnings", ["no-data-collected"])
                 _COLLECTORS[source] = cov
             self.cov = _COLLECTORS[source]
+            self.cov.erase()            # a campaign's feedback starts from nothing
             self.cov.start()
         self.tracing = True
         self.dry = 0                     # sequences in a row that reached nothing new
