@@ -39,12 +39,12 @@ def _campaign(n, seed=3):
 
 
 def test_corpus_grows_and_sequences_are_derived_reproducibly():
-    g, seqs = _campaign(40)
+    g, seqs = _campaign(60)
     assert g.corpus and g.derived > 5
     assert all(s.failure is None for s in seqs)
-    g2, seqs2 = _campaign(40)
+    g2, seqs2 = _campaign(60)
     assert [(s.cfg, s.ops) for s in seqs] == [(s.cfg, s.ops) for s in seqs2]
-    plain = [walk(3, i, None, "spec", Stats()) for i in range(40)]
+    plain = [walk(3, i, None, "spec", Stats()) for i in range(60)]
     assert [s.ops for s in plain] != [s.ops for s in seqs]
 
 

@@ -4,7 +4,8 @@ engine, as AFL and HypoFuzz do.
 A corpus keeps every sequence that reached a branch no earlier sequence reached
 (coverage.py's branch arcs of impl/ when the system under test is impl, of spec/
 otherwise: a release runs in another process, and the spec's paths follow its own).
-Fresh walks (kvcheck.engines.walk, the same sequences the walk engine runs) come first;
+Fresh walks (kvcheck.engines.walk, the same sequences the walk engine runs) come first,
+the first WARMUP of them untraced;
 once FRESH_DRY of them in a row reached nothing new, three sequences in four are
 derived from the corpus (half the time from one of its latest entries), until fresh
 walks pay again; a derived one is one of:
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MUTATE_SHARE = 0.75
 MUTATIONS = ("extend", "splice", "argument", "swap", "config")
 RECENT = 16
+WARMUP = 8
 DRY_AFTER = 20
 SAMPLE_EVERY = 4
 EXTRA_STEPS = (4, 8, 16)
@@ -68,17 +70,20 @@ class Feedback:
                 _COLLECTORS[source] = cov
             self.cov = _COLLECTORS[source]
             self.cov.erase()            # a campaign's feedback starts from nothing
-            self.cov.start()
+            self.cov.start()            # (before() stops it for the warm-up)
         self.tracing = True
         self.dry = 0                     # sequences in a row that reached nothing new
         self.seen: set = set()
         self.new_arcs()                  # what this process reached before: not new
 
     def before(self, index: int) -> None:
-        """Tracing costs about 1.6x; once DRY_AFTER sequences in a row reached nothing
-        new, only every SAMPLE_EVERY-th sequence is traced (until one reaches something
-        new again). A collector this class did not start (kvcheck coverage's) always runs."""
-        want = not self.own or self.dry < DRY_AFTER or index % SAMPLE_EVERY == 0
+        """Tracing costs about 1.6x. The first WARMUP sequences are plain walks, not
+        traced (most planted faults fall in them, found at the walk engine's speed);
+        once DRY_AFTER traced sequences in a row reached nothing new, only every
+        SAMPLE_EVERY-th sequence is traced (until one reaches something new again). A
+        collector this class did not start (kvcheck coverage's) always runs."""
+        want = not self.own or (index >= WARMUP and (self.dry < DRY_AFTER
+                                                     or index % SAMPLE_EVERY == 0))
         if want and not self.tracing:
             self.cov.start()
         elif not want and self.tracing:
