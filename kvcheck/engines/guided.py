@@ -69,12 +69,12 @@ class Feedback:
                 cov.set_option("run:disable_warnings", ["no-data-collected"])
                 _COLLECTORS[source] = cov
             self.cov = _COLLECTORS[source]
-            self.cov.erase()            # a campaign's feedback starts from nothing
-            self.cov.start()            # (before() stops it for the warm-up)
-        self.tracing = True
-        self.dry = 0                     # sequences in a row that reached nothing new
+            self.cov.erase()            # a campaign's feedback starts from nothing;
+        self.tracing = not self.own     # before() starts an own collector after the warm-up
+        self.dry = 0                    # traced sequences in a row that reached nothing new
         self.seen: set = set()
-        self.new_arcs()                  # what this process reached before: not new
+        if not self.own:
+            self.new_arcs()             # what the running collector has: not new
 
     def before(self, index: int) -> None:
         """Tracing costs about 1.6x. The first WARMUP sequences are plain walks, not
