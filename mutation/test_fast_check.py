@@ -1,7 +1,7 @@
 """mutmut's test command: the fast parts of `kvcheck check` against impl/ (the regression
 corpus, the planted-fault corpus with each fault off, and a fixed-count differential
 run). A mutant of impl/ is killed when one of them fails. Not in `make test`'s
-testpaths: `kvcheck mutation` (kvcheck/mutation.py) runs it under mutmut.
+testpaths: `python -m kvcheck.mutation` runs it under mutmut.
 
 KVCHECK_MUTATION_EXAMPLES: the differential run's sequences (default 60)."""
 from __future__ import annotations
