@@ -10,12 +10,14 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= ray
+EXTRAS ?= ray,mutation
+COVERAGE_FLAGS ?=
+MUTATION_SAMPLE ?= 20
 TRACE ?=
 CHECK_FLAGS ?=
 EXPLORE_FLAGS ?=
 
-.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly
+.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
 
 venv: $(STAMP)
 
@@ -64,6 +66,19 @@ selftest: $(STAMP)
 # one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part
 bench: $(STAMP)
 	$(PY) -m benchmarks.summary
+	$(PY) -m benchmarks.bench_coverage
+
+# line and branch coverage of impl/ by check's runs and a fixed-count fuzz run
+# (COVERAGE_FLAGS="--backend sglang:0.5.23": of a release's modules, in its venv)
+coverage: $(STAMP)
+	$(VENV)/bin/kvcheck coverage $(COVERAGE_FLAGS)
+
+# mutation testing of impl/ with mutmut: every mutant (nightly), or a fixed-seed sample (CI)
+mutation: $(STAMP)
+	$(PY) -m kvcheck.mutation
+
+mutation-sample: $(STAMP)
+	$(PY) -m kvcheck.mutation --sample $(MUTATION_SAMPLE) --examples 30 --min-score 0
 
 # impl/ tests, a fuzz run and per-op latency on CUDA beside CPU (KVCHECK_DEVICE=cpu: cpu only)
 check-gpu: $(STAMP)
@@ -86,4 +101,4 @@ check-sglang: $(STAMP) sglang-env
 	done
 
 clean:
-	rm -rf $(VENV) .hypothesis .pytest_cache failures build
+	rm -rf $(VENV) .hypothesis .pytest_cache failures build mutants

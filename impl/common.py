@@ -3,6 +3,7 @@ request at a time: evict_from_tree_cache, alloc_for_extend, alloc_for_decode,
 check_decode_mem, release_kv_cache, release_req."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -31,6 +32,25 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
         return
     if allocator.available_size() < num_tokens:
         tree_cache.evict(num_tokens)
+
+
+@contextmanager
+def free_group(allocator):
+    """The scheduler's result processing (process_batch_result_prefill/_decode): the
+    frees of one batch's releases are held and returned at once by free_group_end."""
+    allocator.free_group_begin()
+    try:
+        yield
+    finally:
+        allocator.free_group_end()
+
+
+def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges) -> None:
+    """Borrow era (0.5.22+ `BasePrefixCache.free_kv_row`): give back ascending, disjoint,
+    half-open row-position ranges of one row in one `allocator.free_segments` call, each
+    range from a page-aligned start (every caller here passes one range, as upstream's)."""
+    row = req_to_token_pool.req_to_token[pool_idx]
+    allocator.free_segments([(row[start:end], start) for start, end in ranges])
 
 
 def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.Tensor]:
@@ -143,7 +163,10 @@ def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = Fa
     start_p, end_p = req.pop_overallocated_kv_cache()
     if "overalloc_free_from_committed" not in faults.ACTIVE:
         start_p = ceil_align(start_p, sched.page_size)
-    if start_p < end_p:
+    if start_p < end_p and sched.era == "borrow":       # _release_overallocated_kv_indices
+        free_kv_row(sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
+                    req.req_pool_idx, [(start_p, end_p)])
+    elif start_p < end_p:
         sched.token_to_kv_pool_allocator.free(
             sched.req_to_token_pool.req_to_token[req.req_pool_idx, start_p:end_p])
     sched.req_to_token_pool.free(req)

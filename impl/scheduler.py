@@ -194,7 +194,8 @@ class Scheduler:
             # check_finished in the prefill result: released before any cache_unfinished_req
             self._check_finished(req)
             return
-        self.tree_cache.cache_unfinished_req(req)
+        with common.free_group(self.token_to_kv_pool_allocator):
+            self.tree_cache.cache_unfinished_req(req)
         req.phase = "decode"
 
     @_borrow_synced

@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from impl import faults
+from impl.common import free_kv_row
 from impl.schedule_batch import FINISH_ABORT, Req
 
 I64 = torch.int64
@@ -285,7 +286,10 @@ class StreamingSession:
             self.inner.dec_lock_ref(slot.last_node)
         if slot.is_holding_kv:
             start, end = slot.cache_protected_len, slot.kv_allocated_len
-            if start < end:
+            if self.era == "borrow":        # 0.5.22+: free_kv_row, even an empty range
+                free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                            slot.req_pool_idx, [(start, end)])
+            elif start < end:
                 kv = self.req_to_token_pool.req_to_token[slot.req_pool_idx, start:end]
                 self.token_to_kv_pool_allocator.free(kv)
             self.req_to_token_pool.free_slots.append(slot.req_pool_idx)
@@ -326,7 +330,10 @@ class StreamingSession:
         start = target
         if self.page_size > 1 and "free_tail_unaligned" not in faults.ACTIVE:
             start = ceil_align(start, self.page_size)
-        if start < end:
+        if start < end and self.era == "borrow":
+            free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, pool_idx,
+                        [(start, end)])
+        elif start < end:
             self.token_to_kv_pool_allocator.free(self.req_to_token_pool.req_to_token[pool_idx, start:end])
 
     @staticmethod

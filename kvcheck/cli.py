@@ -32,6 +32,11 @@ def cmd_explore(args) -> int:
     return X.main(args)
 
 
+def cmd_coverage(args) -> int:
+    from kvcheck import coverage as CV
+    return CV.cmd_coverage(args)
+
+
 def cmd_prove(args) -> int:
     import proofs
     from proofs.cache import cache_at
@@ -199,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", type=T.writable_dir, default=FAILURES,
                     help="output directory; proof results are cached in OUT/.kvcheck-cache")
     _no_cache_flag(pr)
+
+    cv = _command(sub, "coverage", "line and branch coverage of impl/ (or a release's modules) "
+                  "by check's runs and a fixed-count fuzz run", "kvcheck coverage --backend "
+                  "sglang:0.5.23 --rounds 50", cmd_coverage)
+    from kvcheck import coverage as CV
+    CV.add_arguments(cv)
 
     x = _command(sub, "explain", "what a failure id (I*, C*, L*, D1, D2, E1, M1, X1) means",
                  "kvcheck explain I20 X1", cmd_explain)

@@ -51,6 +51,8 @@ PIP=("$VENV/bin/python" -m pip -q --disable-pip-version-check)
 if [[ "$WITH_TRITON" == 1 ]]; then
     "${PIP[@]}" install --no-deps "$TRITON_SPEC"
 fi
+# `kvcheck coverage --backend sglang:V` runs the adapter's server under coverage.py
+"${PIP[@]}" install --no-deps "coverage==7.17.3"
 # Guard: nothing above may have replaced torch.
 got=$("$VENV/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
 want="${TORCH_SPEC#torch==}"

@@ -73,8 +73,11 @@ class _Server:
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TRITON_INTERPRET", "1")
         env.pop("SGLANG_USE_CPU_ENGINE", None)
+        # `kvcheck coverage --backend sglang:V` names a coverage rc file: measure the server
+        rc = os.environ.get("KVCHECK_SGLANG_COVERAGE")
+        under = [python, "-m", "coverage", "run", f"--rcfile={rc}"] if rc else [python]
         self.proc = subprocess.Popen(
-            [python, "-m", "adapters.sglang.run_trace", "--serve"], cwd=str(ROOT), env=env,
+            under + ["-m", "adapters.sglang.run_trace", "--serve"], cwd=str(ROOT), env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
 

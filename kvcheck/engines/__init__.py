@@ -5,8 +5,12 @@
 - `hypothesis` (kvcheck.engines.hypothesis_machine): the Hypothesis state machine that
   `make test` runs, available as `kvcheck fuzz --engine hypothesis`.
 
-Both draw from one table of generators (kvcheck.engines.gen). `campaign` runs either
+- `guided` (kvcheck.engines.guided): the walk engine steered by branch coverage: a corpus
+  of sequences that reached new branches, and sequences derived from it (extend, splice,
+  change an argument, swap two operations) besides fresh walks.
+
+All draw from one table of generators (kvcheck.engines.gen). `campaign` runs each
 one in chunks of sequences, inline, in local processes or as Ray tasks.
 """
-ENGINES = ("walk", "hypothesis")
+ENGINES = ("walk", "hypothesis", "guided")
 DEFAULT_ENGINE = "walk"

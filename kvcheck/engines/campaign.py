@@ -80,12 +80,21 @@ def _walk_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
     from kvcheck.engines.walk import walk
     factory, bname, kw, skip = _setup(c)
     res = ChunkResult(start, start, start + count)
+    guided = None
+    if c.engine == "guided":
+        from kvcheck.engines.guided import guided_for
+        guided = guided_for(c, c.seed, c.backend, start)
     for i in range(start, start + count):
-        seq = walk(c.seed, i, factory, bname, res.stats, config_kw=kw, skip=skip)
+        if guided is not None:
+            seq = guided.run(i, factory, bname, res.stats, config_kw=kw, skip=skip)
+        else:
+            seq = walk(c.seed, i, factory, bname, res.stats, config_kw=kw, skip=skip)
         res.end = i + 1
         if seq.failure is not None:
             res.failure = RawFailure(i, seq.cfg, seq.ops, seq.failure)
             break
+    if guided is not None:
+        guided.pause()
     return res
 
 

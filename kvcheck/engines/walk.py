@@ -67,16 +67,26 @@ def draw_swarm(d: Drawer, names) -> dict:
 
 def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
          stats: Stats, *, config_kw: Optional[dict] = None,
-         skip: Optional[Callable] = None) -> Sequence:
-    """Run sequence `index` of campaign `seed` until its length or its first failure."""
-    d = RandomDrawer(sequence_rng(seed, index))
-    cfg = draw_config(d, **(config_kw or {}))
-    length = d.choice(LENGTHS, "length")
+         skip: Optional[Callable] = None, cfg: Optional[Config] = None,
+         script: Optional[list] = None, rng_tag: str = "",
+         length: Optional[int] = None) -> Sequence:
+    """Run sequence `index` of campaign `seed` until its length or its first failure.
+    `cfg` and `script` (the guided engine, kvcheck.engines.guided): the configuration to
+    use and operations to apply first, each one the spec does not enable left out; the
+    walk goes on from there (to `length` steps in all). `rng_tag` names another random
+    source for the same index."""
+    d = RandomDrawer(sequence_rng(seed, index) if not rng_tag else
+                     random.Random(f"kvcheck-walk:{seed}:{index}:{rng_tag}"))
+    drawn = draw_config(d, **(config_kw or {}))
+    cfg = cfg or drawn
+    drawn_length = d.choice(LENGTHS, "length")
     weights = draw_swarm(d, ARGS)
     names = list(weights)
     cum = list(accumulate(weights[n] for n in names))
     rng = d.rng
-    next_id = [1]
+    script = list(script or ())
+    length = max(length or drawn_length, len(script))
+    next_id = [max([1] + [getattr(o, a, 0) for o in script for a in ("rid", "sid")])]
 
     def fresh() -> int:
         next_id[0] += 1
@@ -88,7 +98,11 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
     try:
         lock = Lockstep(cfg, backend, backend_name)
         for _ in range(length):
-            op = _draw_enabled(lock.state, names, cum, rng, d, fresh, skip)
+            op = None
+            while script and op is None:
+                op = _scripted(lock.state, script.pop(0), skip)
+            if op is None:
+                op = _draw_enabled(lock.state, names, cum, rng, d, fresh, skip)
             if op is None:
                 continue
             seq.ops.append(op)
@@ -102,6 +116,14 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
         if backend is not None and hasattr(backend, "close"):
             backend.close()
     return seq
+
+
+def _scripted(state, op, skip):
+    """A scripted operation if the spec enables it here (and no recorded finding
+    triggers it), else None."""
+    if not enabled(state, op) or (skip is not None and skip(state, op)):
+        return None
+    return op
 
 
 def _draw_enabled(state, names, cum, rng, d, fresh, skip):

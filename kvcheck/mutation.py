@@ -1,0 +1,141 @@
+"""Mutation testing of impl/ with mutmut (`python -m kvcheck.mutation`, `make mutation`,
+`make mutation-sample`): every mutant mutmut makes of impl/ is run against the fast parts
+of `kvcheck check` (mutation/test_fast_check.py: the regression corpus, the planted-fault
+corpus, a fixed-count differential run); a mutant is killed when one of them fails.
+
+mutmut's configuration is `[tool.mutmut]` in pyproject.toml; it works in `mutants/` (a
+copy of the project, git-ignored). `--sample N` runs a fixed-seed sample of N mutants
+(what CI runs); without it every mutant runs (nightly). The score leaves out the mutants
+docs/coverage.md lists as equivalent (section "Equivalent mutants", one backticked
+mutmut name per line with the reason), and prints every survivor.
+
+Exit codes: 0 the score reaches --min-score, 1 it does not, 2 usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvcheck.errors import ROOT
+
+DOC = ROOT / "docs" / "coverage.md"
+MUTANTS = ROOT / "mutants"
+NO_MATCH = "impl.kvcheck_no_such_function*"
+"""A name no mutant has: `mutmut run` with it generates every mutant and collects the
+per-test stats without testing any mutant (the sample is drawn from what it made)."""
+KILLED = ("killed", "timeout", "segfault", "caught by type check")
+"""A mutant the test command stopped: a failure, a hang past mutmut's timeout, a crash."""
+
+
+@dataclass
+class Score:
+    results: dict               # mutant name -> mutmut status
+    equivalent: set
+
+    @property
+    def judged(self) -> dict:
+        return {k: v for k, v in self.results.items()
+                if v not in ("not checked", "skipped") and k not in self.equivalent}
+
+    @property
+    def killed(self) -> int:
+        return sum(v in KILLED for v in self.judged.values())
+
+    @property
+    def survivors(self) -> list:
+        return sorted(k for k, v in self.judged.items() if v not in KILLED)
+
+    @property
+    def score(self) -> float:
+        n = len(self.judged)
+        return 100.0 * self.killed / n if n else 100.0
+
+    def render(self) -> str:
+        eq = sorted(k for k in self.results if k in self.equivalent)
+        lines = [f"mutation score: {self.killed}/{len(self.judged)} non-equivalent mutants "
+                 f"killed ({self.score:.1f}%); {len(eq)} equivalent (docs/coverage.md) left out"]
+        for k in self.survivors:
+            lines.append(f"  SURVIVED ({self.judged[k]}) {k}   (mutmut show {k})")
+        for k in eq:
+            lines.append(f"  equivalent {k} ({self.results[k]})")
+        return "\n".join(lines)
+
+
+def equivalent_mutants(doc: Path = DOC) -> set:
+    """Mutant names listed under docs/coverage.md's "Equivalent mutants" heading."""
+    if not doc.exists():
+        return set()
+    text = doc.read_text()
+    m = re.search(r"^## Equivalent mutants\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
+    return set(re.findall(r"`(impl\.[\w.ǁ]+__mutmut_\d+)`", m.group(1))) if m else set()
+
+
+def mutant_results(mutants: Path = MUTANTS) -> dict:
+    """mutant name -> mutmut's status, from mutmut's per-file records."""
+    from mutmut.stats import status_by_exit_code
+    out = {}
+    for meta in sorted(mutants.glob("impl/**/*.py.meta")):
+        for k, code in json.loads(meta.read_text())["exit_code_by_key"].items():
+            out[k] = status_by_exit_code[code]
+    return out
+
+
+def sample(names, n: int, seed: int) -> list:
+    """A fixed-seed sample: the same names for the same mutants, seed and count."""
+    names = sorted(names)
+    return sorted(random.Random(f"kvcheck-mutation:{seed}").sample(names, min(n, len(names))))
+
+
+def _mutmut(*names, env=None) -> int:
+    exe = Path(sys.executable).with_name("mutmut")
+    cmd = [str(exe) if exe.exists() else "mutmut", "run", *names]
+    print(f"$ mutmut run {' '.join(names[:3])}{' ...' if len(names) > 3 else ''} "
+          f"({len(names)} name(s))", flush=True)
+    return subprocess.run(cmd, cwd=ROOT, env=env).returncode
+
+
+def run(n_sample=None, seed: int = 0, examples: int = 60) -> Score:
+    env = dict(os.environ, KVCHECK_MUTATION_EXAMPLES=str(examples))
+    env.pop("PYTHONPATH", None)     # mutmut puts mutants/ first; the project must not shadow it
+    if n_sample is None:
+        _mutmut(env=env)
+        return Score(mutant_results(), equivalent_mutants())
+    _mutmut(NO_MATCH, env=env)
+    names = sample(mutant_results(), n_sample, seed)
+    _mutmut(*names, env=env)
+    res = mutant_results()
+    return Score({k: res[k] for k in names}, equivalent_mutants())
+
+
+def main(argv=None) -> int:
+    from kvcheck import argtypes as T
+    p = argparse.ArgumentParser(prog="python -m kvcheck.mutation",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("--sample", type=T.positive_int, default=None,
+                   help="run a fixed-seed sample of N mutants (None: every mutant)")
+    p.add_argument("--seed", type=T.seed, default=0, help="the sample's seed")
+    p.add_argument("--examples", type=T.positive_int, default=60,
+                   help="sequences of the differential run in the test command")
+    p.add_argument("--min-score", type=float, default=90.0,
+                   help="exit 1 below this percentage of non-equivalent mutants killed")
+    args = p.parse_args(argv)
+    try:
+        import mutmut  # noqa: F401
+    except ImportError:
+        print("python -m kvcheck.mutation: error: mutmut is not installed "
+              "(pip install 'kvcheck[mutation]')", file=sys.stderr)
+        return 2
+    score = run(args.sample, args.seed, args.examples)
+    print(score.render(), flush=True)
+    return 0 if score.score >= args.min_score else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

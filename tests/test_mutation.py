@@ -1,0 +1,34 @@
+"""kvcheck.mutation's own logic (the mutmut run itself is `make mutation-sample`, in CI):
+the fixed-seed sample, the score over non-equivalent mutants, the equivalents read from
+docs/coverage.md."""
+from __future__ import annotations
+
+from kvcheck.mutation import Score, equivalent_mutants, sample
+
+NAMES = [f"impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
+
+
+def test_sample_is_fixed_by_seed_and_count():
+    a, b, c = sample(NAMES, 10, 0), sample(reversed(NAMES), 10, 0), sample(NAMES, 10, 1)
+    assert a == b and a != c and len(a) == 10 and set(a) <= set(NAMES)
+    assert sample(NAMES[:3], 10, 0) == sorted(NAMES[:3])
+
+
+def test_score_leaves_out_equivalents_and_unchecked_and_lists_survivors():
+    res = {"m1": "killed", "m2": "survived", "m3": "timeout", "m4": "no tests",
+           "m5": "survived", "m6": "not checked"}
+    s = Score(res, equivalent={"m5"})
+    assert (s.killed, len(s.judged), s.survivors) == (2, 4, ["m2", "m4"])
+    assert s.score == 50.0
+    text = s.render()
+    assert "2/4 non-equivalent mutants killed (50.0%)" in text
+    assert "SURVIVED (no tests) m4" in text and "equivalent m5" in text
+
+
+def test_equivalents_come_from_their_section_of_docs_coverage(tmp_path):
+    doc = tmp_path / "coverage.md"
+    doc.write_text("## Mutation\n\n* `impl.a.x_f__mutmut_1`: a gap\n\n"
+                   "## Equivalent mutants\n\n* `impl.a.xǁCǁg__mutmut_2`, `impl.b.x_h__mutmut_3`: why\n"
+                   "\n## Later\n\n* `impl.c.x_k__mutmut_4`\n")
+    assert equivalent_mutants(doc) == {"impl.a.xǁCǁg__mutmut_2", "impl.b.x_h__mutmut_3"}
+    assert len(equivalent_mutants()) >= 3            # the project's own list parses
