@@ -12,7 +12,7 @@ every branch no run took, with its source line.
   (KVCHECK_SGLANG_COVERAGE names the rc file), its data is combined here, and the report
   covers the modules the adapter drives (`SGLANG_TARGETS`).
 
-`reached(data)` is the set of branches a run took ("file:from->to"); the test
+`reached(data)` is the set of branches a run took, named by source text; the test
 tests/test_coverage.py keeps a recorded baseline of it (`BASELINE`) so that a change
 that stops the check from reaching a branch fails.
 """
@@ -169,11 +169,23 @@ def file_coverage(name: str, path: Path, entry: dict, functions=None) -> Optiona
 
 
 def reached(data: dict, root: Path = ROOT) -> set:
-    """The branches a run took, as "file:from->to" (files relative to `root`)."""
+    """The branches a run took, each named by its file, its function and the source text
+    of its two ends ("impl/x.py:f: if x: -> return 1"; "exit" for a jump out of the
+    function; "#k" numbers repeats of the same pair in one function), so that a baseline
+    survives edits that only move lines."""
     out = set()
     for fname, entry in data["files"].items():
-        rel = _relative(Path(fname), root)
-        out.update(f"{rel}:{a}->{b}" for a, b in entry.get("executed_branches", ()))
+        path = Path(fname) if Path(fname).is_absolute() else ROOT / fname
+        rel = _relative(path, root)
+        cache: dict = {}
+        regions = entry.get("functions") or {"": entry}
+        for func, region in regions.items():
+            seen: dict = {}
+            for a, b in sorted(map(tuple, region.get("executed_branches", ()))):
+                key = (f"{rel}:{func or '<module>'}: {_source_line(path, cache, a)} -> "
+                       f"{_source_line(path, cache, b) if b > 0 else 'exit'}")
+                seen[key] = seen.get(key, 0) + 1
+                out.add(key if seen[key] == 1 else f"{key} #{seen[key]}")
     return out
 
 

@@ -63,9 +63,20 @@ def test_file_coverage_counts_and_lists_each_missing_branch_with_its_line(tmp_pa
     assert "TOTAL" in text and "50.0%" in text
 
 
-def test_reached_names_branches_relative_to_the_project(tmp_path):
-    data = {"files": {str(ROOT / "impl" / "x.py"): ENTRY}}
-    assert reached(data) == {"impl/x.py:3->5", "impl/x.py:7->8"}
+def test_reached_names_branches_by_source_text_not_line_number(tmp_path):
+    src = tmp_path / "impl" / "x.py"
+    src.parent.mkdir()
+    lines = ["def f(x):", "    if x:", "        return 1", "    if x:", "        return 1", "    return 2"]
+    entry = {"executed_branches": [[2, 3], [4, 5], [6, -1]],
+             "functions": {"f": {"executed_branches": [[2, 3], [4, 5], [6, -1]]},
+                           "": {"executed_branches": []}}}
+    src.write_text("\n".join(lines) + "\n")
+    keys = reached({"files": {str(src): entry}}, root=tmp_path)
+    assert keys == {"impl/x.py:f: if x: -> return 1", "impl/x.py:f: if x: -> return 1 #2",
+                    "impl/x.py:f: return 2 -> exit"}
+    src.write_text("\n".join(["# moved down", *lines]) + "\n")
+    moved = {"f": {"executed_branches": [[3, 4], [5, 6], [7, -1]]}}
+    assert reached({"files": {str(src): {"functions": moved}}}, root=tmp_path) == keys
 
 
 def test_sglang_report_keeps_only_the_driven_modules_and_functions(tmp_path):
