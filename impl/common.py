@@ -146,6 +146,8 @@ def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = Fa
     if start_p < end_p:
         sched.token_to_kv_pool_allocator.free(
             sched.req_to_token_pool.req_to_token[req.req_pool_idx, start_p:end_p])
+    if getattr(req, "mamba_pool_idx", None) is not None:
+        sched.req_to_token_pool.free_mamba_cache(req)   # the tree keeps no Mamba state
     sched.req_to_token_pool.free(req)
     req.lock_held = False
 

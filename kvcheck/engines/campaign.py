@@ -63,6 +63,8 @@ def _setup(c: Campaign):
         kw["spec_enabled"] = c.spec_enabled
     if c.accept:
         kw["accept"] = c.accept
+    if c.backend.startswith("sglang"):
+        kw["hybrid"] = False        # the sglang adapters drive no SWA / Mamba pool yet
     return factory, bname, kw, known_findings(c.backend, c.accept)
 
 
