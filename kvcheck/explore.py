@@ -95,9 +95,19 @@ def _scope(name, cfg_kw, **kw) -> Scope:
     return Scope(cfg=Config(**cfg_kw), name=name, **kw)
 
 
+HYBRID_SCOPE = _scope(
+    "check-hybrid", dict(page_size=1, num_pages=9, num_rows=2, max_context_len=16, overlap=True,
+                         swa_window=1, swa_num_pages=7, mamba_slots=3, mamba_extra_buffer="lazy"),
+    sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2, 2, 2),), max_new=(4,),
+    evict=(1,), max_depth=9)
+"""Hybrid models (spec/hybrid.py): a window of one token, smaller than a turn, freeing the
+SWA KV of decoded tokens; SWA and Mamba pools small enough to run out (each request takes
+its state and a lazy track entry). ~8 s on one loaded core."""
+
+
 PRESETS: dict[str, tuple] = {
-    # `make check`: two scopes (the second covers spec decode, borrow era and chunking);
-    # ~20 s on one core.
+    # `make check`: three scopes (the second covers spec decode, borrow era and chunking, the
+    # third hybrid models); ~20 s + ~8 s on one core.
     "check": (
         _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,
                                      overlap=True),
@@ -108,7 +118,10 @@ PRESETS: dict[str, tuple] = {
                                          era="borrow"),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
                max_new=(2,), evict=(2,), max_depth=10),
+        HYBRID_SCOPE,
     ),
+    # hybrid models (spec/hybrid.py) alone
+    "hybrid": (HYBRID_SCOPE,),
     # the tests' scope: small enough that the unreduced run finishes too
     "tiny": (
         _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),
@@ -311,8 +324,40 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         free_key = tuple(free)
         content_key = tuple(sorted(content.items()))
         free_rows = tuple(s.free_rows)
-    return (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
-            free_rows, s.evictable_size, s.protected_size)
+    key = (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
+           free_rows, s.evictable_size, s.protected_size)
+    return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
+
+
+def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
+    """The hybrid fields (spec/hybrid.py) under the same renaming: SWA pages by the full
+    page that maps to them, Mamba slots by first appearance; a page nothing else labels
+    keeps its id (less reduction, never a wrong merge)."""
+    swa = {}
+    smap = tuple(sorted((pages.get(f, ("id", f)), swa.setdefault(w, len(swa) + 1))
+                        for f, w in sorted(s.full_to_swa_index_mapping.items(),
+                                           key=lambda x: repr(pages.get(x[0], ("id", x[0]))))))
+    mamba = {-1: -1}
+
+    def ml(holder):
+        return tuple(mamba.setdefault(m, len(mamba)) for m in
+                     (() if holder.mamba_pool_idx is None else (holder.mamba_pool_idx,))
+                     + tuple(holder.mamba_ping_pong_track_buffer or ()))
+
+    def uuid(a):
+        return None if a is None else _path_of(s, a[1])
+
+    reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx, uuid(r.swa_uuid_for_lock),
+                  ml(r)) for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
+    slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t))
+                  for sid, t in sorted(s.slots.items(), key=lambda x: sid_l[x[0]]))
+    return (smap, len(s.swa_free_pages), reqs, slots, len(s.mamba_free_slots),
+            s.forward_iter % s.cfg.swa_eviction_interval)
+
+
+def _path_of(s: State, nid: int) -> tuple:
+    from spec.model import node_path
+    return node_path(s, nid) if nid in s.nodes else ("gone", nid)
 
 
 # ---------------------------------------------------------------------------
@@ -509,6 +554,41 @@ def _slot_lends_row(cfg, b, op, out, a):
     return isinstance(op, O.Schedule) and out == "ok" and _restoring(b, op) is not None
 
 
+def _swa_window_freed(cfg, b, op, out, a):
+    """A decode step moved a request's SWA window cursor (spec/hybrid.py)."""
+    r, q = b.reqs.get(getattr(op, "rid", None)), a.reqs.get(getattr(op, "rid", None))
+    return r is not None and q is not None and q.swa_evicted_seqlen > max(r.swa_evicted_seqlen,
+                                                                            r.protected)
+
+
+def _swa_cursor_restored(cfg, b, op, out, a):
+    x = _restoring(b, op)
+    return x is not None and x[2].swa_evicted_seqlen > 0
+
+
+def _mamba_pool_short(cfg, b, op, out, a):
+    from spec.hybrid import mamba_short
+    r = b.reqs.get(getattr(op, "rid", None))
+    return isinstance(op, O.Schedule) and op.admit and out == "rejected" and r is not None \
+        and mamba_short(b, r)
+
+
+def _mamba_back_from_slot(cfg, b, op, out, a):
+    return any(t.mamba_pool_idx is not None and sid not in a.slots for sid, t in b.slots.items())
+
+
+HYBRID_SITUATIONS: tuple = (
+    Situation("swa_window_freed", "an out-of-window SWA free (a decode moves swa_evicted_seqlen)",
+              _swa_window_freed, lambda c: c.swa_window > 0, "no SWA"),
+    Situation("swa_cursor_restored", "a restore hands the slot's SWA window cursor to the next turn",
+              _swa_cursor_restored, lambda c: c.swa_window > 0, "no SWA"),
+    Situation("mamba_pool_short", "an admission refused because the Mamba pool is short",
+              _mamba_pool_short, lambda c: c.mamba_slots > 0, "no Mamba"),
+    Situation("mamba_back_from_slot", "a slot's Mamba state returned (close or abort)",
+              _mamba_back_from_slot, lambda c: c.mamba_slots > 0, "no Mamba"),
+)
+
+
 SITUATIONS: tuple = (
     Situation("tail_free_at_page_boundary", "a page-boundary tail free (a restore cuts the "
               "slot's tail at a page boundary: the page past it is freed)",
@@ -539,7 +619,7 @@ SITUATIONS: tuple = (
               "finish)", _spec_overshoot, lambda c: c.spec_enabled, "spec off"),
     Situation("shared_lock", "a tree node locked by two holders", _shared_lock),
     Situation("slot_lends_row", "a later turn admitted on its slot's row", _slot_lends_row),
-)
+) + HYBRID_SITUATIONS
 
 
 def _op_applies(name: str, cfg: Config) -> Optional[str]:
