@@ -120,6 +120,27 @@ def test_swa_pool_shortage_refuses_admission():
     assert out == "rejected" and len(s.free_pages) == 40
 
 
+@pytest.mark.parametrize("i", [0, 1])
+def test_window_lemmas_are_proved_and_their_controls_refuted(i):
+    from proofs.hybrid_lemmas import HYBRID_LEMMAS
+    from proofs.lemmas import run_lemma
+    results = run_lemma(HYBRID_LEMMAS[i])
+    assert all(r.ok for r in results), [(r.name, r.status, r.detail) for r in results]
+    assert [r.status for r in results] == ["proved"] + ["refuted"] * (len(results) - 1)
+
+
+def test_the_window_lemma_is_about_the_real_function():
+    """The z3 term evaluates to what spec.hybrid.swa_evict_target returns."""
+    import z3
+    from proofs.hybrid_lemmas import HYB
+    from proofs.lemmas import S
+    e, pre, w, p = z3.Ints("e pre w p")
+    term = S(HYB, "swa_evict_target", e, pre, w, p)
+    for args in [(0, 7, 3, 1), (0, 13, 1, 4), (3, 9, 2, 2), (8, 9, 3, 4), (2, 6, 5, 4)]:
+        sub = list(zip((e, pre, w, p), map(z3.IntVal, args)))
+        assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target(*args)
+
+
 # -- Mamba --------------------------------------------------------------------------------
 
 def test_mamba_state_goes_request_to_slot_to_request_and_back_on_close():
