@@ -136,4 +136,7 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
     if not cfg.mamba_slots and cfg.mamba_extra_buffer != "off":
         return "config.mamba_extra_buffer needs config.mamba_slots >= 1 (0 = no Mamba pool)"
+    if cfg.mamba_extra_buffer == "lazy" and cfg.spec_enabled:
+        return ("config.mamba_extra_buffer 'lazy' with spec_enabled: upstream refuses it "
+                "(server_args: extra_buffer_lazy unsupported with spec); use 'eager' or 'off'")
     return None

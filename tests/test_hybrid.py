@@ -194,6 +194,7 @@ def test_hybrid_off_leaves_traces_and_state_as_they_were():
     (dict(mamba_extra_buffer="lazy"), "config.mamba_extra_buffer"),
     (dict(swa_window=-1), "config.swa_window"),
     (dict(mamba_slots=2, mamba_extra_buffer="twice"), "config.mamba_extra_buffer"),
+    (dict(mamba_slots=2, mamba_extra_buffer="lazy", spec_enabled=True), "config.mamba_extra_buffer"),
 ])
 def test_bad_hybrid_configs_are_refused_naming_the_field(kw, field):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
