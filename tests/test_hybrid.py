@@ -263,3 +263,18 @@ def test_a_row_holder_without_a_mamba_state_is_reported():
     a = with_req(BASE, 2, mamba=())
     hit = [v for v in check_state(a, HYB) if v.id == "I44"]
     assert any("holds a row but no Mamba state" in v.message and v.owner == "req 2" for v in hit)
+
+
+def test_wire_roundtrip_keeps_hybrid_fields():
+    """The sglang proxy's JSON pipe carries the hybrid fields (a dropped one reads as a
+    divergence on every step)."""
+    import json
+    from adapters.sglang.wire import state_from_json, state_to_json
+    assert state_from_json(json.loads(json.dumps(state_to_json(BASE)))) == BASE
+
+
+def test_sglang_adapter_refuses_what_it_does_not_drive():
+    from adapters.sglang.hybrid import refusal
+    assert "config.swa_window" in refusal(SWA_P1, "flat")
+    assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
+    assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None
