@@ -31,6 +31,9 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
         return
     if allocator.available_size() < num_tokens:
         tree_cache.evict(num_tokens)
+    while hasattr(allocator, "swa_available_size") and \
+            allocator.swa_available_size() < num_tokens and tree_cache.evict(1):
+        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.Tensor]:

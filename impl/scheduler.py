@@ -102,6 +102,9 @@ class Scheduler:
     def _extend_fits(self, start: int, end: int) -> bool:
         P = self.page_size
         new_pages = common.ceil_div(end, P) - common.ceil_div(start, P)
+        if self.swa_window and new_pages * P > self.token_to_kv_pool_allocator.swa_available_size() \
+                + self.radix_cache.swa_evictable_size():
+            return False
         return new_pages * P <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
 
     def _retire(self, req: Req, session) -> None:

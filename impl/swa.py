@@ -173,6 +173,13 @@ class SWARadixCache(RadixCache):
                 since = None if since is None else since + P
         return len(idx) if since is None or since >= window else best
 
+    def swa_evictable_size(self) -> int:
+        """SWA tokens of unlocked nodes (a tombstone page has none)."""
+        P, alloc = self.page_size, self.token_to_kv_pool_allocator
+        return sum(P for n in self.all_nodes() if n.lock_ref == 0
+                   for k in range(len(n.key) // P)
+                   if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         super().cache_unfinished_req(req, chunked=chunked)
         req.swa_uuid_for_lock = swa_lock_boundary(self, req.last_node)

@@ -60,6 +60,25 @@ def swa_can_alloc(s: State, n: int) -> bool:
     return not swa_on(s) or n <= len(s.swa_free_pages)
 
 
+def swa_short(s: State, n: int) -> bool:
+    """The SWA pool has fewer than n tokens free."""
+    return swa_on(s) and swa_available_size(s) < n
+
+
+def swa_evictable_size(s: State) -> int:
+    """SWA tokens the tree can give back: the SWA pages of unlocked nodes (a tombstone
+    page gives none)."""
+    P, mapping = s.cfg.page_size, s.full_to_swa_index_mapping
+    return sum(P for n in s.nodes.values() if n.lock_ref == 0 and n.id != 0
+               for p in n.pages if p in mapping)
+
+
+def swa_admission_short(s: State, need: int) -> bool:
+    """The admission budget on the SWA side (`PrefillAdder`'s SWA tokens): available
+    plus what evicting unlocked nodes would return."""
+    return swa_on(s) and need > swa_available_size(s) + swa_evictable_size(s)
+
+
 def map_swa_pages(s: State, full_pages) -> None:
     """`set_full_to_swa_mapping`: each new full page gets the lowest free SWA page."""
     if not swa_on(s):

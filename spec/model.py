@@ -272,6 +272,8 @@ def evict_from_tree_cache(s: State, n: int) -> None:
         return
     if available_size(s) < n:
         evict(s, n)
+    while hybrid.swa_short(s, n) and evict(s, 1):
+        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
@@ -628,7 +630,8 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     inc_lock_ref(s, req.last_node)
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
     if (req.row is None and not s.free_rows) or hybrid.mamba_short(s, req) or \
-            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size:
+            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size or \
+            hybrid.swa_admission_short(s, _new_tokens_needed(s, prefix, end)):
         dec_lock_ref(s, req.last_node)
         return "rejected"
     req.locked = True

@@ -113,6 +113,27 @@ def run_from(s, ops):
     return s
 
 
+def test_admission_counts_only_the_swa_kv_the_tree_can_give_back():
+    """Tombstone pages give no SWA KV back: the SWA budget is the free SWA pool plus the SWA
+    pages of unlocked nodes; eviction runs until the SWA pool has the tokens too."""
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    cfg = Config(page_size=1, num_pages=30, num_rows=3, swa_window=1, swa_num_pages=14)
+    ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] + \
+        [O.Decode(1, 2)] * 6 + [O.Finish(1)]
+    s = run(cfg, ops)
+    assert (len(s.swa_free_pages), s.evictable_size, H.swa_evictable_size(s)) == (4, 14, 10)
+    assert H.swa_admission_short(s, 15) and not H.swa_admission_short(s, 14)
+    s = run_from(s, [O.SubmitRequest(2, (9,) * 14, 2)])
+    assert step(s, O.Schedule(2))[1] == "ok"
+    s = run_from(s, [O.SubmitRequest(3, (9,) * 15, 2)])
+    big = run(cfg, ops + [O.SubmitRequest(3, (9,) * 15, 2)])
+    assert step(big, O.Schedule(3))[1] == "rejected"    # 15 > 4 free + 10 evictable SWA
+    res = run_ops(cfg, ops + [O.SubmitRequest(2, (9,) * 14, 2), O.Schedule(2), O.Decode(2, 1)],
+                  ImplBackend(cfg))
+    assert res.ok, res.failure.render()
+
+
 def test_swa_pool_shortage_refuses_admission():
     cfg = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2, swa_num_pages=4)
     s = run(cfg, [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6), 2)])
