@@ -63,6 +63,7 @@ class Scope:
     reject: bool = True               # also try Schedule(admit=False)
     max_depth: int = 12
     name: str = "custom"
+    out_of_reach: tuple = ()          # situation ids the scope cannot reach, by design
 
     def describe(self) -> str:
         c = self.cfg
@@ -99,10 +100,11 @@ HYBRID_SCOPE = _scope(
     "check-hybrid", dict(page_size=1, num_pages=9, num_rows=2, max_context_len=16, overlap=True,
                          swa_window=1, swa_num_pages=7, mamba_slots=3, mamba_extra_buffer="lazy"),
     sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2, 2, 2),), max_new=(4,),
-    evict=(1,), max_depth=9)
+    evict=(1,), max_depth=9, out_of_reach=("shared_lock",))
 """Hybrid models (spec/hybrid.py): a window of one token, smaller than a turn, freeing the
 SWA KV of decoded tokens; SWA and Mamba pools small enough to run out (each request takes
-its state and a lazy track entry). ~8 s on one loaded core."""
+its state and a lazy track entry, so the 3-slot Mamba pool never admits two requests at
+once: no node is locked twice). ~8 s on one loaded core."""
 
 
 PRESETS: dict[str, tuple] = {
@@ -885,6 +887,8 @@ def report(res: Result, out=None) -> None:
             w(f"    reached at depth {res.reached[x.id]:2d}  {x.id}: {x.text}")
         elif not x.applies(cfg):
             w(f"    n/a ({x.why_not})   {x.id}: {x.text}")
+        elif x.id in res.scope.out_of_reach:
+            w(f"    out of reach         {x.id}: {x.text}")
         else:
             w(f"    NOT REACHED          {x.id}: {x.text}")
     if res.violations:
@@ -898,7 +902,8 @@ def missed(res: Result) -> list:
     """Reachability goals that apply to the scope's config but were not reached."""
     cfg = res.scope.cfg
     out = [n for n in O.OP_NAMES if n not in res.op_first and not _op_applies(n, cfg)]
-    out += [x.id for x in SITUATIONS if x.applies(cfg) and x.id not in res.reached]
+    out += [x.id for x in SITUATIONS if x.applies(cfg) and x.id not in res.reached
+            and x.id not in res.scope.out_of_reach]
     return out
 
 
