@@ -19,7 +19,6 @@ __all__ = ["Result", "run_all", "report", "ok"]
 
 def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
     from proofs.crosshair_check import run_crosshair
-    from proofs.hybrid_lemmas import HYBRID_LEMMAS
     from proofs.induction import run_induction
     from proofs.lemmas import LEMMAS, run_lemma
 
@@ -35,7 +34,7 @@ def run_all(verbose: bool = False, crosshair: bool = True) -> list[Result]:
         for r in rs:            # each result as it completes (verbose: with its detail)
             print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
 
-    for lem in LEMMAS + HYBRID_LEMMAS:
+    for lem in LEMMAS:
         emit(run_lemma(lem))
     emit(run_induction())
     if th is not None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import z3
 
-from proofs.lemmas import Lemma, S, is_mult, zmax
 from proofs.symexec import REAL, Module
 from spec.hybrid import swa_evict_target
 
@@ -29,6 +28,7 @@ def swa_window_lemma(M):
     """`free_swa_out_of_window_slots`, when it moves the cursor (new > evicted): frees only
     whole pages, never a position of the last max(window, P) tokens, and the cursor stays
     within the computed KV (pre_len <= kv_committed_len): I42's first half is inductive."""
+    from proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p, i = z3.Ints("evicted pre_len window P i")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     moved = new > ev
@@ -44,6 +44,7 @@ def swa_window_lemma(M):
 def swa_window_progress_lemma(M):
     """With a page-aligned cursor below it, the frontier reaches the last whole page out of
     the window: every page wholly before pre_len - max(window, P) is freed."""
+    from proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p = z3.Ints("evicted pre_len window P")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     t = pre - zmax(w, p)
@@ -75,14 +76,16 @@ def _m_no_progress(evicted, pre_len, window, p):
     return floor_align(new, p) if p > 1 else new  # noqa: F821
 
 
-HYBRID_LEMMAS: list[Lemma] = [
-    Lemma("SWA window: whole pages out of the window freed, cursor <= pre_len (I42)",
-          _on_hyb(swa_window_lemma),
-          [_hyb("no page floor", _m_no_page_floor),
-           _hyb("window without the page margin", _m_window_only),
-           _hyb("ceil instead of floor", _m_ceil),
-           _hyb("threshold off by one", _m_off_by_one)]),
-    Lemma("SWA window: the frontier reaches the last whole page out of the window",
-          _on_hyb(swa_window_progress_lemma),
-          [_hyb("one page short", _m_no_progress)]),
-]
+def make_hybrid_lemmas(Lemma) -> list:
+    """The lemmas, as proofs/lemmas.py's `Lemma`s (it appends them to LEMMAS)."""
+    return [
+        Lemma("SWA window: whole pages out of the window freed, cursor <= pre_len (I42)",
+              _on_hyb(swa_window_lemma),
+              [_hyb("no page floor", _m_no_page_floor),
+               _hyb("window without the page margin", _m_window_only),
+               _hyb("ceil instead of floor", _m_ceil),
+               _hyb("threshold off by one", _m_off_by_one)]),
+        Lemma("SWA window: the frontier reaches the last whole page out of the window",
+              _on_hyb(swa_window_progress_lemma),
+              [_hyb("one page short", _m_no_progress)]),
+    ]

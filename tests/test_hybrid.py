@@ -143,9 +143,10 @@ def test_swa_pool_shortage_refuses_admission():
 
 @pytest.mark.parametrize("i", [0, 1])
 def test_window_lemmas_are_proved_and_their_controls_refuted(i):
-    from proofs.hybrid_lemmas import HYBRID_LEMMAS
-    from proofs.lemmas import run_lemma
-    results = run_lemma(HYBRID_LEMMAS[i])
+    from proofs.lemmas import LEMMAS, run_lemma
+    window = [lem for lem in LEMMAS if lem.name.startswith("SWA window")]
+    assert len(window) == 2
+    results = run_lemma(window[i])
     assert all(r.ok for r in results), [(r.name, r.status, r.detail) for r in results]
     assert [r.status for r in results] == ["proved"] + ["refuted"] * (len(results) - 1)
 
