@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from impl.checks import Snapshot, concrete_findings, leak_check, snapshot
+from impl.mamba import mamba_refs
 from impl.radix_cache import TreeNode
 from impl.scheduler import Scheduler
 from impl.streaming_session import _VirtualNode
@@ -27,7 +28,10 @@ class ImplBackend:
         self.sched = Scheduler(
             page_size=cfg.page_size, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
             max_context_len=cfg.max_context_len, chunk_size=cfg.chunk_size,
-            spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device)
+            spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device,
+            swa_window=cfg.swa_window, swa_num_pages=cfg.swa_num_pages,
+            swa_eviction_interval=cfg.swa_eviction_interval, mamba_slots=cfg.mamba_slots,
+            mamba_extra_buffer=cfg.mamba_extra_buffer)
 
     # -- driving -----------------------------------------------------------------------
     def apply(self, op: ops.Op) -> str:
@@ -125,14 +129,17 @@ class ImplBackend:
                 protected=r.cache_protected_len, anchor=self._anchor(r.last_node, r.lock_held),
                 locked=r.lock_held, to_finish=r.to_finish is not None, is_retracted=r.is_retracted,
                 committed_freed=r.kv_committed_freed, overallocated_freed=r.kv_overallocated_freed,
-                row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows)))
+                row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows),
+                swa_evicted_seqlen=r.swa_evicted_seqlen, mamba=mamba_refs(r)))
         slots = []
         for sid in sorted(s.tree_cache.slots):
             t = s.tree_cache.slots[sid]
             slots.append(SlotView(sid=sid, row=t.req_pool_idx, committed=t.kv_committed_len,
                                   allocated=t.kv_allocated_len, protected=t.cache_protected_len,
                                   last_node=self._anchor(t.last_node),
-                                  row_pages=self._row_pages(t.req_pool_idx, t.kv_allocated_len, rows)))
+                                  row_pages=self._row_pages(t.req_pool_idx, t.kv_allocated_len, rows),
+                                  swa_evicted_seqlen=t.swa_evicted_seqlen, mamba=mamba_refs(t),
+                                  swa_uuid_for_lock=self._anchor(t.swa_uuid_for_lock)))
         sessions = []
         for sid in sorted(s.session_controller.sessions):
             se = s.session_controller.sessions[sid]
@@ -151,7 +158,24 @@ class ImplBackend:
             free_pages=free_pages, free_rows=tuple(sorted(s.req_to_token_pool.free_slots)),
             nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots), sessions=tuple(sessions),
             evictable_size=s.tree_cache.evictable_size(), protected_size=s.tree_cache.protected_size(),
-            content=content)
+            content=content, **self._hybrid_view())
+
+    def _hybrid_view(self) -> dict:
+        """The AbstractState's hybrid fields: the SWA pool and mapping (per full page, read
+        at its first index), the Mamba allocator's free list."""
+        cfg, s = self.cfg, self.sched
+        if not cfg.hybrid:
+            return {}
+        out = dict(swa_window=cfg.swa_window, mamba_slots=cfg.mamba_slots)
+        if cfg.swa_window:
+            alloc = s.token_to_kv_pool_allocator
+            out.update(swa_num_pages=cfg.swa_pages,
+                       swa_free_pages=tuple(sorted(alloc.swa_attn_allocator.get_all_free_pages().tolist())),
+                       swa_map=tuple((p, w) for p in range(1, cfg.num_pages + 1)
+                                     if (w := alloc.swa_page_of(p)) != 0))
+        if cfg.mamba_slots:
+            out.update(mamba_free=tuple(sorted(s.req_to_token_pool.mamba_allocator.free_slots.tolist())))
+        return out
 
     # -- checks ------------------------------------------------------------------------
     def concrete_violations(self) -> list[Violation]:

@@ -54,7 +54,7 @@ def check_pool_invariant(sched) -> list[Finding]:
             out.append(Finding("L1", "busy protected alignment",
                                f"cache_protected_len={r.cache_protected_len} not a multiple of {P}", f"req {r.rid}"))
         uncached += ceil_align(r.kv_allocated_len, P) - r.cache_protected_len
-    available = alloc.available_size()
+    available = getattr(alloc, "full_available_size", alloc.available_size)()   # SWA: full side
     evictable = tc.evictable_size()
     protected = tc.protected_size()
     held = tc.session_held_tokens(active)

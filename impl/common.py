@@ -32,6 +32,9 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
         return
     if allocator.available_size() < num_tokens:
         tree_cache.evict(num_tokens)
+    while hasattr(allocator, "swa_available_size") and \
+            allocator.swa_available_size() < num_tokens and tree_cache.evict(1):
+        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 @contextmanager
@@ -169,6 +172,8 @@ def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = Fa
     elif start_p < end_p:
         sched.token_to_kv_pool_allocator.free(
             sched.req_to_token_pool.req_to_token[req.req_pool_idx, start_p:end_p])
+    if getattr(req, "mamba_pool_idx", None) is not None:
+        sched.req_to_token_pool.free_mamba_cache(req)   # the tree keeps no Mamba state
     sched.req_to_token_pool.free(req)
     req.lock_held = False
 

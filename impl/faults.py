@@ -51,6 +51,21 @@ FAULTS: dict[str, str] = {
         "alloc_decode takes a new page when seq_len % P == 0 instead of 1: row/page congruence breaks",
     "queued_abort_keeps_inflight":
         "H5 unfixed: a queued abort of a streaming turn makes no session call; _inflight stays set",
+    # hybrid models (impl/swa.py, impl/mamba.py; docs/semantics.md "Hybrid models")
+    "swa_free_skips_swa":
+        "SWATokenToKVPoolAllocator.free releases only the full side: a free page still maps to SWA KV (I41, I40)",
+    "swa_mapping_kept":
+        "free_swa returns the SWA pages but leaves full_to_swa_index_mapping pointing at them (I40, I41)",
+    "swa_evict_frees_past_cursor":
+        "free_swa_out_of_window_slots frees one page more than it moves swa_evicted_seqlen: in-window KV lost (I42)",
+    "restore_drops_swa_cursor":
+        "restore_to_req does not copy swa_evicted_seqlen: the turn re-counts SWA KV the window already freed (D1)",
+    "release_session_keeps_mamba":
+        "H7 (#23496): release_session skips _free_slot_mamba: the slot's Mamba state leaks on close (I44)",
+    "ephemeral_slot_no_mamba":
+        "the first-turn mid-abort's ephemeral slot is built without the request's Mamba refs: they are orphaned (I44)",
+    "lazy_track_frees_sentinel":
+        "0.5.15 _free_slot_mamba frees the whole lazy track buffer: the -1 sentinel enters the free list (I44)",
 }
 
 ACTIVE: set[str] = set()

@@ -38,6 +38,12 @@ class Req:
         self.finished_len: Optional[int] = None
         self.is_retracted = False
         self.logprob_start_len = -1            # as handle_generate_request resolved it
+        # hybrid models (impl/swa.py, impl/mamba.py)
+        self.swa_evicted_seqlen = 0
+        self.swa_uuid_for_lock = None
+        self.decode_batch_idx = 0
+        self.mamba_pool_idx: Optional[torch.Tensor] = None
+        self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None
 
     @property
     def fill_ids(self) -> list:
@@ -82,5 +88,9 @@ class Req:
         self.kv_overallocated_freed = False
         self.inflight_middle_chunks = 0
         self.extend_end = 0
+        self.swa_evicted_seqlen = 0
+        self.decode_batch_idx = 0
+        self.mamba_pool_idx = None
+        self.mamba_ping_pong_track_buffer = None
         self.is_retracted = True
         self.phase = "queued"

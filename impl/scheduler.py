@@ -18,7 +18,9 @@ from impl.memory_pool import KVBuffer, ReqToTokenPool
 from impl.radix_cache import RadixCache
 from impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from impl.session_controller import SessionController
+from impl.mamba import HybridReqToTokenPool
 from impl.streaming_session import StreamingSession
+from impl.swa import SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots, swa_lock_boundary
 
 ERAS = ("wrapper", "borrow")
 
@@ -45,7 +47,10 @@ class Scheduler:
     def __init__(self, page_size: int = 1, num_pages: int = 16, num_rows: int = 4,
                  max_context_len: int = 64, chunk_size: Optional[int] = None,
                  spec_enabled: bool = False, overlap: bool = False, era: str = "wrapper",
-                 device=None, need_sort: bool = True, debug_mode: Optional[bool] = None):
+                 device=None, need_sort: bool = True, debug_mode: Optional[bool] = None,
+                 swa_window: int = 0, swa_num_pages: Optional[int] = None,
+                 swa_eviction_interval: int = 1, mamba_slots: int = 0,
+                 mamba_extra_buffer: str = "off"):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -58,12 +63,29 @@ class Scheduler:
         self.era = era
         self.device = resolve_device(device)
         self.max_total_num_tokens = num_pages * page_size
-        self.req_to_token_pool = ReqToTokenPool(num_rows, max_context_len, self.device)
-        self.token_to_kv_pool_allocator = make_allocator(num_pages, page_size, self.device,
-                                                         need_sort=need_sort, debug_mode=debug_mode)
+        self.swa_window = swa_window
+        self.swa_eviction_interval = swa_eviction_interval
+        self.forward_iter = 0
+        if mamba_slots:
+            self.req_to_token_pool = HybridReqToTokenPool(
+                num_rows, max_context_len, mamba_slots, self.device,
+                enable_mamba_extra_buffer=mamba_extra_buffer != "off",
+                enable_mamba_extra_buffer_lazy=mamba_extra_buffer == "lazy",
+                enable_overlap_schedule=overlap)
+        else:
+            self.req_to_token_pool = ReqToTokenPool(num_rows, max_context_len, self.device)
+        if swa_window:
+            self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(
+                num_pages, swa_num_pages or num_pages, page_size, self.device,
+                need_sort=need_sort, debug_mode=debug_mode)
+            self.radix_cache = SWARadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                                             page_size, self.device, swa_window)
+        else:
+            self.token_to_kv_pool_allocator = make_allocator(num_pages, page_size, self.device,
+                                                             need_sort=need_sort, debug_mode=debug_mode)
+            self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
+                                          page_size, self.device)
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
-        self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
-                                      page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
         self.session_controller = SessionController(self.tree_cache)
         self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode
@@ -80,6 +102,9 @@ class Scheduler:
     def _extend_fits(self, start: int, end: int) -> bool:
         P = self.page_size
         new_pages = common.ceil_div(end, P) - common.ceil_div(start, P)
+        if self.swa_window and new_pages * P > self.token_to_kv_pool_allocator.swa_available_size() \
+                + self.radix_cache.swa_evictable_size():
+            return False
         return new_pages * P <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
 
     def _retire(self, req: Req, session) -> None:
@@ -160,12 +185,16 @@ class Scheduler:
             return "rejected"
         if req.req_pool_idx is None and self.req_to_token_pool.available_size() < 1:
             return "rejected"
+        if self._mamba_short(req):
+            return "rejected"
         end = chunk_end(prefix_len, input_len, self.chunk_size, self.page_size)
         self.tree_cache.inc_lock_ref(last_node)
         if not self._extend_fits(prefix_len, end):
             self.tree_cache.dec_lock_ref(last_node)
             return "rejected"
         req.lock_held = True
+        if self.swa_window:
+            req.swa_uuid_for_lock = swa_lock_boundary(self.radix_cache, last_node)
         if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
                 getattr(req.session, "session_id", None)), "virtual_node", False):
             req.lock_held = False          # locking a virtual node holds nothing
@@ -221,12 +250,38 @@ class Scheduler:
         if common.decode_needs_alloc(self, req):
             if common.alloc_for_decode(self, req) is None:
                 return "oom"
+        self._decode_batch_done(req)
         self._write_kv(req, pos, pos + 1)
         req.kv_committed_len += 1
         req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
         req.output_ids.append(token)
         self._check_finished(req)
         return "ok"
+
+    def _mamba_short(self, req: Req) -> bool:
+        """Admission needs the Mamba slots the row allocation will take."""
+        pool = self.req_to_token_pool
+        return isinstance(pool, HybridReqToTokenPool) and \
+            pool.mamba_slots_needed(req) > pool.mamba_allocator.available_size()
+
+    def _decode_batch_done(self, req: Req) -> None:
+        """`maybe_evict_swa` (from the second decode batch, on maintenance steps), then
+        `decode_batch_idx += 1`."""
+        if not self.swa_window:
+            return
+        self.forward_iter += 1
+        if req.decode_batch_idx >= 1 and (self.forward_iter - 1) % self.swa_eviction_interval == 0:
+            pre_len = req.seqlen - 1
+            if "swa_evict_frees_past_cursor" in faults.ACTIVE:
+                pre_len += self.page_size
+            old = req.swa_evicted_seqlen
+            free_swa_out_of_window_slots(
+                req, pre_len, sliding_window_size=self.swa_window, page_size=self.page_size,
+                req_to_token_pool=self.req_to_token_pool,
+                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator)
+            if "swa_evict_frees_past_cursor" in faults.ACTIVE and req.swa_evicted_seqlen > old:
+                req.swa_evicted_seqlen -= self.page_size
+        req.decode_batch_idx += 1
 
     def _check_finished(self, req: Req) -> None:
         """check_finished in the result processing: max_new_tokens reached -> finish now."""
@@ -244,6 +299,7 @@ class Scheduler:
                 return "oom"
             self.req_to_token_pool.write(req.req_pool_idx, start, out)
             req.kv_allocated_len = need
+        self._decode_batch_done(req)
         c = req.kv_committed_len
         req.output_ids.extend([token] * (accepted + 1))
         self._write_kv(req, c, c + accepted + 1)

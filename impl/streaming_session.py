@@ -34,6 +34,11 @@ class SessionSlot:
         self.last_node = last_node
         self.cache_protected_len = cache_protected_len
         self.publishes = False      # borrow era: publishes_prompt (taken, not handed back yet)
+        # hybrid models
+        self.swa_uuid_for_lock = None
+        self.swa_evicted_seqlen = 0
+        self.mamba_pool_idx = None
+        self.mamba_ping_pong_track_buffer = None
 
     @property
     def is_holding_kv(self) -> bool:
@@ -43,17 +48,28 @@ class SessionSlot:
         self.req_pool_idx = req.req_pool_idx
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_allocated_len
+        self.swa_evicted_seqlen = req.swa_evicted_seqlen
         if is_first:
             self.last_node = req.last_node
             self.cache_protected_len = req.cache_protected_len
+            self.swa_uuid_for_lock = req.swa_uuid_for_lock
+        self.mamba_pool_idx = req.mamba_pool_idx
+        self.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
         if "save_keeps_row" not in faults.ACTIVE:
             req.req_pool_idx = None
+        req.mamba_pool_idx = None
+        req.mamba_ping_pong_track_buffer = None
         req.lock_held = False
 
     def restore_to_req(self, req: Req) -> None:
         req.req_pool_idx = self.req_pool_idx
         req.kv_committed_len = self.kv_committed_len
         req.kv_allocated_len = self.kv_allocated_len
+        if "restore_drops_swa_cursor" not in faults.ACTIVE:
+            req.swa_evicted_seqlen = self.swa_evicted_seqlen
+        req.swa_uuid_for_lock = self.swa_uuid_for_lock
+        req.mamba_pool_idx = self.mamba_pool_idx
+        req.mamba_ping_pong_track_buffer = self.mamba_ping_pong_track_buffer
         if "restore_clears_slot" in faults.ACTIVE:
             self.req_pool_idx = None
 
@@ -119,6 +135,7 @@ class StreamingSession:
         assert prefix_len >= slot.cache_protected_len, (
             f"streaming session prefix shrank: prefix_len={prefix_len} < "
             f"slot.cache_protected_len={slot.cache_protected_len}")
+        prefix_len = self._swa_aligned_rewind(req, prefix_len)
         self._free_tail(slot, req, prefix_len)
         device_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :prefix_len].to(I64)
         return device_indices, slot.virtual_node, slot.cache_protected_len
@@ -146,6 +163,12 @@ class StreamingSession:
                 slot = SessionSlot(session_id, req_pool_idx=req.req_pool_idx,
                                    kv_allocated_len=req.kv_allocated_len,
                                    last_node=req.last_node, cache_protected_len=req.cache_protected_len)
+                slot.swa_uuid_for_lock = req.swa_uuid_for_lock
+                if "ephemeral_slot_no_mamba" not in faults.ACTIVE:
+                    slot.mamba_pool_idx = req.mamba_pool_idx
+                    slot.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
+                req.mamba_pool_idx = None       # the slot owns it: no double free later
+                req.mamba_ping_pong_track_buffer = None
                 if "ephemeral_slot_no_lock_node" in faults.ACTIVE:
                     slot.last_node = None
                 self.slots[session_id] = slot
@@ -293,6 +316,24 @@ class StreamingSession:
                 kv = self.req_to_token_pool.req_to_token[slot.req_pool_idx, start:end]
                 self.token_to_kv_pool_allocator.free(kv)
             self.req_to_token_pool.free_slots.append(slot.req_pool_idx)
+        if "release_session_keeps_mamba" not in faults.ACTIVE:
+            self._free_slot_mamba(slot)
+
+    def _free_slot_mamba(self, slot: SessionSlot) -> None:
+        """Return a slot's Mamba state and track entries (0.5.23's form: only allocated
+        entries of the track buffer; 0.5.15 frees the whole buffer, -1 included)."""
+        mamba_allocator = getattr(self.req_to_token_pool, "mamba_allocator", None)
+        if mamba_allocator is None:
+            return
+        if slot.mamba_pool_idx is not None:
+            mamba_allocator.free(slot.mamba_pool_idx.unsqueeze(0))
+            slot.mamba_pool_idx = None
+        if slot.mamba_ping_pong_track_buffer is not None:
+            buf = slot.mamba_ping_pong_track_buffer
+            if "lazy_track_frees_sentinel" not in faults.ACTIVE:
+                buf = buf[buf != -1]
+            mamba_allocator.free(buf)
+            slot.mamba_ping_pong_track_buffer = None
 
     def session_held_tokens(self, active_pool_idxs: Optional[set] = None) -> int:
         total = 0
@@ -316,12 +357,22 @@ class StreamingSession:
             slot.kv_committed_len = min(slot.kv_committed_len, prefix_len)
         req.kv_allocated_len = prefix_len
         req.kv_committed_len = min(req.kv_committed_len, prefix_len)
+        slot.swa_evicted_seqlen = min(slot.swa_evicted_seqlen, prefix_len)
+        req.swa_evicted_seqlen = min(req.swa_evicted_seqlen, prefix_len)
+
+    def _swa_aligned_rewind(self, req: Req, n: int) -> int:
+        """FIX (0.5.23): a rewind below the SWA cursor lands on a page boundary."""
+        P = self.page_size
+        if P > 1 and req.swa_evicted_seqlen > n:
+            return (n // P) * P
+        return n
 
     def _trim_overshoot(self, req: Req, finished_len: int) -> None:
-        target = len(req.origin_input_ids) + finished_len
+        target = self._swa_aligned_rewind(req, len(req.origin_input_ids) + finished_len)
         self._free_kv_aligned(req.req_pool_idx, target, req.kv_allocated_len)
         req.kv_allocated_len = min(req.kv_allocated_len, target)
         req.kv_committed_len = min(req.kv_committed_len, target)
+        req.swa_evicted_seqlen = min(req.swa_evicted_seqlen, target)
         req.output_ids = req.output_ids[:finished_len]
 
     def _free_kv_aligned(self, pool_idx: int, target: int, end: int) -> None:

@@ -87,12 +87,23 @@ def state(s: AbstractState) -> dict:
             r, skip=("rid",), session=lambda v: optional(v, "Session", "NoSession"), row=row,
             anchor=anchor, row_pages=indexed)] for r in s.reqs]},
         "slots": {"#map": [[_int(t.sid), _record(
-            t, skip=("sid",), row=row, last_node=anchor, row_pages=indexed)] for t in s.slots]},
+            t, skip=("sid",), row=row, last_node=anchor, row_pages=indexed,
+            swa_uuid_for_lock=anchor)] for t in s.slots]},
         "sessions": {"#map": [[_int(x.sid), _record(x, skip=("sid",))] for x in s.sessions]},
         "evictable_size": _int(s.evictable_size),
         "protected_size": _int(s.protected_size),
         "content": {"#map": [[_int(p), indexed(c)] for p, c in s.content]},
+        **_hybrid(s),
     }
+
+
+def _hybrid(s: AbstractState) -> dict:
+    """The hybrid pools (spec/hybrid.py), only when the configuration has them."""
+    if not (s.swa_num_pages or s.mamba_slots):
+        return {}
+    return {"swa_free_pages": value(s.swa_free_pages),
+            "swa_map": {"#map": [[_int(f), _int(w)] for f, w in s.swa_map]},
+            "mamba_free": value(s.mamba_free)}
 
 
 def operation(op) -> dict:

@@ -426,6 +426,12 @@ LEMMAS: list[Lemma] = [
 ]
 
 
+from proofs.hybrid_lemmas import make_hybrid_lemmas  # noqa: E402
+
+LEMMAS += make_hybrid_lemmas(Lemma)
+"""Hybrid models: the SWA window arithmetic (proofs/hybrid_lemmas.py)."""
+
+
 def run_lemma(lem: Lemma) -> list[Result]:
     out = []
 

@@ -52,6 +52,8 @@ class ReqView:
     committed_freed: bool
     overallocated_freed: bool
     row_pages: tuple = ()       # page id of each row-page [0, ceil(allocated / P)) (None: unset)
+    swa_evicted_seqlen: int = 0     # hybrid: SWA KV of [protected, here) is freed
+    mamba: tuple = ()               # hybrid: mamba_pool_idx, then the ping-pong track buffer
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,9 @@ class SlotView:
     protected: int
     last_node: Anchor
     row_pages: tuple = ()
+    swa_evicted_seqlen: int = 0     # hybrid (see ReqView)
+    mamba: tuple = ()
+    swa_uuid_for_lock: Anchor = None    # the first turn's SWA lock boundary
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,13 @@ class AbstractState:
     evictable_size: int         # as the tree reports it
     protected_size: int
     content: tuple = ()         # (page id, tuple of P token ids or None) for owned pages
+    # hybrid models (all empty when config.swa_window and config.mamba_slots are 0)
+    swa_window: int = 0
+    swa_num_pages: int = 0
+    swa_free_pages: tuple = ()  # multiset (sorted) of SWA page ids in the SWA allocator
+    swa_map: tuple = ()         # (full page, SWA page) for every nonzero mapping entry, sorted
+    mamba_slots: int = 0
+    mamba_free: tuple = ()      # multiset (sorted) of the Mamba allocator's free slots
 
     def content_map(self) -> dict:
         return dict(self.content)
@@ -125,8 +137,32 @@ def canonical(s: AbstractState) -> AbstractState:
     free_pages = tuple(sorted(pages.get(p, 0) for p in s.free_pages))
     free_rows = tuple(sorted(rows.get(r, -1) for r in s.free_rows))
     content = tuple(sorted((pages[p], c) for p, c in s.content if p in pages))
-    return _with(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
+    out = _with(s, free_pages=free_pages, free_rows=free_rows, nodes=nodes, reqs=reqs,
                  slots=slots, content=content)
+    return _canonical_hybrid(out, s, pages) if (s.swa_map or s.swa_free_pages or
+                                                s.mamba_free or s.mamba_slots) else out
+
+
+def _canonical_hybrid(out: AbstractState, s: AbstractState, pages: dict) -> AbstractState:
+    """Rename SWA pages by the renamed full page that maps to them, and Mamba slots by
+    first appearance (requests by rid, then slots); -1 (an unallocated track entry) and
+    0 (the reserved dummy) keep their value."""
+    swa: dict = {}
+    for full, w in sorted(s.swa_map, key=lambda x: (pages.get(x[0], 0), x[1])):
+        swa.setdefault(w, len(swa) + 1)
+    mamba: dict = {-1: -1, 0: 0}
+
+    def ml(m):
+        if m not in mamba:
+            mamba[m] = len(mamba) - 1
+        return mamba[m]
+
+    reqs = tuple(_with(r, mamba=tuple(ml(m) for m in r.mamba)) for r in out.reqs)
+    slots = tuple(_with(t, mamba=tuple(ml(m) for m in t.mamba)) for t in out.slots)
+    return _with(out, reqs=reqs, slots=slots,
+                 swa_map=tuple(sorted((pages.get(f, f), swa[w]) for f, w in s.swa_map)),
+                 swa_free_pages=tuple(sorted(swa.get(w, 0) for w in s.swa_free_pages)),
+                 mamba_free=tuple(sorted(mamba.get(m, -2) for m in s.mamba_free)))
 
 
 def _with(x, **changes):
@@ -155,7 +191,8 @@ MISSING = type("Missing", (), {"__repr__": lambda self: "(absent)"})()
 """The side of a Change that lacks the entity."""
 
 ENTITY_KINDS = (("nodes", "path"), ("reqs", "rid"), ("slots", "sid"), ("sessions", "sid"))
-TOP_FIELDS = ("free_pages", "free_rows", "evictable_size", "protected_size")
+TOP_FIELDS = ("free_pages", "free_rows", "evictable_size", "protected_size",
+              "swa_free_pages", "swa_map", "mamba_free")
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,12 @@ Accepted = Literal["U1", "U2", "U3", "U6"]
 assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
+MambaExtraBuffer = Literal["off", "eager", "lazy"]
+HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
+                   "mamba_slots": 0, "mamba_extra_buffer": "off"}
+"""The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
+
+
 class ConfigError(ValueError):
     """A configuration that no driver can run."""
 
@@ -56,6 +62,19 @@ class Config:
     accept: tuple[Accepted, ...] = ()
     """Recorded findings (ids of ACCEPTABLE) whose upstream behaviour the spec takes, so a
     differential run drives their paths; () is the fixed behaviour everywhere."""
+    swa_window: Annotated[int, Range(0, MAX_CONTEXT)] = 0
+    """Hybrid SWA model: `sliding_window_size` in tokens; 0 = no SWA layers (spec/hybrid.py)."""
+    swa_num_pages: Optional[Annotated[int, Range(1, MAX_PAGES)]] = None
+    """Pages of the SWA KV pool (`size_swa // page_size`); None = num_pages."""
+    swa_eviction_interval: Annotated[int, Range(1, 1024)] = 1
+    """`SGLANG_SWA_EVICTION_INTERVAL`: out-of-window SWA KV is freed in decode batches whose
+    forward_iter is a multiple of it (upstream default 128)."""
+    mamba_slots: Annotated[int, Range(0, MAX_ROWS * 4)] = 0
+    """Hybrid SSM model: Mamba state slots (`MambaSlotAllocator` size; slot 0 is the
+    reserved dummy); 0 = no Mamba layers."""
+    mamba_extra_buffer: MambaExtraBuffer = "off"
+    """The ping-pong track buffers: `eager` allocates 2 slots under overlap (else 1) with
+    the request's state, `lazy` allocates 1 and leaves the second -1 (the sentinel)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.accept, list):       # from JSON
@@ -72,13 +91,30 @@ class Config:
                 f"config.chunk_size ({self.chunk_size}) must be >= page_size ({self.page_size}): "
                 "a chunk is truncated to whole pages and would make no progress")
 
+        hybrid_error = _hybrid_error(self)
+        if hybrid_error:
+            raise ConfigError(hybrid_error)
+
+    @property
+    def swa_pages(self) -> int:
+        """SWA pool pages (1..swa_pages are allocatable)."""
+        return self.num_pages if self.swa_num_pages is None else self.swa_num_pages
+
+    @property
+    def hybrid(self) -> bool:
+        return bool(self.swa_window or self.mamba_slots)
+
     @property
     def total_tokens(self) -> int:
         """`max_total_num_tokens`: every allocatable KV slot, in tokens."""
         return self.num_pages * self.page_size
 
     def to_json(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for k, off in HYBRID_DEFAULTS.items():     # non-hybrid traces stay as they were
+            if d[k] == off:
+                del d[k]
+        return d
 
     @classmethod
     def from_json(cls, data: dict) -> "Config":
@@ -89,3 +125,18 @@ class Config:
         if unknown:
             raise ConfigError(f"unknown config field(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def _hybrid_error(cfg: "Config") -> Optional[str]:
+    """Why the hybrid fields of cfg cannot run together, or None."""
+    if cfg.hybrid and cfg.era != "wrapper":
+        return (f"config.era {cfg.era!r} with swa_window/mamba_slots: hybrid models are "
+                "modelled for the wrapper era (sglang 0.5.15) only; use era 'wrapper'")
+    if not cfg.swa_window and cfg.swa_num_pages is not None:
+        return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
+    if not cfg.mamba_slots and cfg.mamba_extra_buffer != "off":
+        return "config.mamba_extra_buffer needs config.mamba_slots >= 1 (0 = no Mamba pool)"
+    if cfg.mamba_extra_buffer == "lazy" and cfg.spec_enabled:
+        return ("config.mamba_extra_buffer 'lazy' with spec_enabled: upstream refuses it "
+                "(server_args: extra_buffer_lazy unsupported with spec); use 'eager' or 'off'")
+    return None

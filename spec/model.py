@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
+from spec import hybrid
 from spec import ops as O
 from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
                         pages_needed_extend, restore_prefix_len, row_pages)
@@ -34,14 +35,15 @@ class ModelError(AssertionError):
 # ---------------------------------------------------------------------------
 
 def available_size(s: State) -> int:
-    return len(s.free_pages) * s.cfg.page_size
+    return hybrid.available_size(s, len(s.free_pages) * s.cfg.page_size)
 
 
 def _alloc_pages(s: State, n: int):
     """`alloc`: the n lowest free pages, or None (nothing changes) on shortage."""
-    if n > len(s.free_pages):
+    if n > len(s.free_pages) or not hybrid.swa_can_alloc(s, n):
         return None
     taken, s.free_pages = s.free_pages[:n], s.free_pages[n:]
+    hybrid.map_swa_pages(s, taken)
     for p in taken:
         s.content[p] = (None,) * s.cfg.page_size
     return taken
@@ -55,6 +57,7 @@ def _free_pages(s: State, pages) -> None:
     for p in sorted(set(pages)):
         bisect.insort(s.free_pages, p)
         s.content.pop(p, None)
+    hybrid.free_swa(s, pages)
 
 
 def _free_row_range(s: State, row: int, start: int, end: int) -> None:
@@ -268,6 +271,8 @@ def evict_from_tree_cache(s: State, n: int) -> None:
         return
     if available_size(s) < n:
         evict(s, n)
+    while hybrid.swa_short(s, n) and evict(s, 1):
+        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
@@ -291,6 +296,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     req.last_node = ("node", nid)
     inc_lock_ref(s, req.last_node)
     req.locked = True
+    hybrid.note_swa_lock(s, req)
 
 
 def _split_at_prompt(s: State, req: Req, keys_len: int) -> None:
@@ -373,13 +379,16 @@ def _free_tail(s: State, slot: Slot, req: Req, prefix_len: int) -> None:
     slot.committed = min(slot.committed, prefix_len)
     req.allocated = prefix_len
     req.committed = min(req.committed, prefix_len)
+    hybrid.clamp_swa_evicted(slot, prefix_len)
+    hybrid.clamp_swa_evicted(req, prefix_len)
 
 
 def _trim_overshoot(s: State, req: Req, finished_len: int) -> None:
-    target = len(req.origin) + finished_len
+    target = hybrid.swa_aligned_rewind(s, req, len(req.origin) + finished_len)
     _free_kv_aligned(s, req.row, target, req.allocated)
     req.allocated = min(req.allocated, target)
     req.committed = min(req.committed, target)
+    hybrid.clamp_swa_evicted(req, target)
     del req.output[finished_len:]
 
 
@@ -390,6 +399,8 @@ def _save_from_req(slot: Slot, req: Req, is_first: bool) -> None:
     if is_first:
         slot.last_node = req.last_node
         slot.protected = req.protected
+    hybrid.save_swa_fields(slot, req, is_first)
+    hybrid.move_mamba(slot, req, clear_src=True)
     req.row = None
     req.locked = False          # the first turn's lock now belongs to slot.last_node
 
@@ -399,6 +410,8 @@ def _restore_to_req(slot: Slot, req: Req) -> None:
     req.row = slot.row
     req.committed = slot.committed
     req.allocated = slot.allocated
+    hybrid.restore_swa_fields(slot, req)
+    hybrid.move_mamba(req, slot, clear_src=False)
 
 
 def _mark_kv_freed(req: Req) -> None:
@@ -416,6 +429,7 @@ def release_session(s: State, sid: int) -> None:
         if slot.protected < slot.allocated:
             _free_row_range(s, slot.row, slot.protected, slot.allocated)
         s.free_rows.append(slot.row)
+    hybrid.free_mamba(s, slot)          # `_free_slot_mamba` (H7, #23496)
 
 
 def find_active_slot(s: State, req: Req):
@@ -515,7 +529,8 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
             return
         if slot is None:                # first-turn mid-abort: ephemeral slot
             slot = Slot(row=req.row, allocated=req.allocated, last_node=req.last_node,
-                        protected=req.protected)
+                        protected=req.protected, swa_uuid_for_lock=req.swa_uuid_for_lock)
+            hybrid.move_mamba(slot, req, clear_src=True)
             s.slots[sid] = slot
         slot.allocated = max(slot.allocated, req.allocated)
         req.locked = False              # the lock goes with the slot
@@ -554,6 +569,7 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
     if start < req.allocated:
         _free_row_range(s, req.row, start, req.allocated)
     req.overallocated_freed = True
+    hybrid.free_mamba(s, req)           # `free_mamba_cache`: the tree keeps no Mamba state
     s.free_rows.append(req.row)
     req.row = None
 
@@ -598,12 +614,16 @@ def _match(s: State, req: Req) -> int:
         if prefix_len < slot.protected:
             raise ModelError(f"streaming session prefix shrank: prefix_len={prefix_len} "
                              f"< slot.cache_protected_len={slot.protected}")
+        prefix_len = hybrid.swa_aligned_rewind(s, req, prefix_len)
         _free_tail(s, slot, req, prefix_len)
         req.last_node = ("virtual", req.session)
         req.protected = slot.protected
         req.prefix_len = prefix_len
         return prefix_len
     nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)])
+    usable = hybrid.swa_match_len(s, pages)
+    if usable < len(pages) * s.cfg.page_size:
+        nid, pages = match_prefix(s, req.fill_ids[:usable])
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
     req.prefix_len = req.protected
@@ -622,11 +642,13 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
         return "rejected"
     inc_lock_ref(s, req.last_node)
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
-    if (req.row is None and not s.free_rows) or \
-            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size:
+    if (req.row is None and not s.free_rows) or hybrid.mamba_short(s, req) or \
+            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size or \
+            hybrid.swa_admission_short(s, _new_tokens_needed(s, prefix, end)):
         dec_lock_ref(s, req.last_node)
         return "rejected"
     req.locked = True
+    hybrid.note_swa_lock(s, req)
     if s.cfg.era == "borrow" and req.last_node == ("virtual", req.session):
         req.locked = False              # cache.lock(virtual node) is None: nothing held
     req.is_retracted = False
@@ -636,6 +658,7 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     elif not (req.committed > 0):
         raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
                          f"with kv_committed_len=0 and no chunk in flight")
+    hybrid.alloc_mamba(s, req)
     if not _alloc_extend(s, req.row, prefix, end):
         raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
     _write_kv(s, req.row, prefix, end, req.fill_ids)
@@ -740,6 +763,8 @@ def _decode(s: State, req: Req, token: int) -> str:
     pos = req.committed
     if not _alloc_decode(s, req.row, pos):
         return "oom"
+    hybrid.free_swa_out_of_window_slots(s, req)
+    hybrid.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
     req.committed += 1
     req.allocated = max(req.allocated, req.committed)
@@ -761,6 +786,8 @@ def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> 
         if not _alloc_extend(s, req.row, req.allocated, need):
             return "oom"
         req.allocated = need
+    hybrid.free_swa_out_of_window_slots(s, req)
+    hybrid.decode_batch_done(req)
     req.output.extend([token] * (accepted + 1))
     start = req.committed
     req.committed += accepted + 1
@@ -853,6 +880,7 @@ def _retract(s: State, req: Req) -> None:
     req.last_node = None
     req.locked = False
     req.committed_freed = req.overallocated_freed = False
+    hybrid.reset_for_retract(req)
     req.is_retracted = True
     req.phase = "queued"
 

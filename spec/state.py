@@ -67,6 +67,12 @@ class Req:
                                             # created it); None: a private array
     logprob_start: int = -1                 # logprob_start_len as the scheduler resolved it
                                             # (-1: no cap on the prefix match)
+    # hybrid models (spec/hybrid.py; zero/None when config.swa_window / mamba_slots are 0)
+    swa_evicted_seqlen: int = 0             # [protected, here) has had its SWA KV freed
+    swa_uuid_for_lock: Optional[tuple] = None   # the SWA lock boundary taken with last_node
+    decode_batch_idx: int = 0               # decode batches run (SWA eviction from the 2nd)
+    mamba_pool_idx: Optional[int] = None    # Mamba state slot (HybridReqToTokenPool)
+    mamba_ping_pong_track_buffer: Optional[tuple] = None    # track slots; -1 = lazy, none yet
 
     @property
     def fill_ids(self) -> tuple:
@@ -92,10 +98,15 @@ class Slot:
     protected: int = 0          # first turn's cache_protected_len
     last_node: Optional[tuple] = None   # first turn's radix node
     publishes: bool = False     # borrow era: publishes_prompt (taken, no turn handed back yet)
+    swa_uuid_for_lock: Optional[tuple] = None   # hybrid (spec/hybrid.py)
+    swa_evicted_seqlen: int = 0
+    mamba_pool_idx: Optional[int] = None
+    mamba_ping_pong_track_buffer: Optional[tuple] = None
 
     def copy(self) -> "Slot":
         return Slot(self.row, self.committed, self.allocated, self.protected, self.last_node,
-                    self.publishes)
+                    self.publishes, self.swa_uuid_for_lock, self.swa_evicted_seqlen,
+                    self.mamba_pool_idx, self.mamba_ping_pong_track_buffer)
 
 
 @dataclass
@@ -130,6 +141,11 @@ class State:
     slots: dict                 # sid -> Slot
     sessions: dict              # sid -> Session (open ones)
     tick: int = 0
+    # hybrid models (spec/hybrid.py): the SWA pool, full page -> SWA page, the Mamba pool
+    swa_free_pages: list = field(default_factory=list)
+    full_to_swa_index_mapping: dict = field(default_factory=dict)
+    mamba_free_slots: list = field(default_factory=list)
+    forward_iter: int = 0
 
     def clone(self) -> "State":
         return State(
@@ -146,6 +162,10 @@ class State:
             slots={i: s.copy() for i, s in self.slots.items()},
             sessions={i: s.copy() for i, s in self.sessions.items()},
             tick=self.tick,
+            swa_free_pages=list(self.swa_free_pages),
+            full_to_swa_index_mapping=dict(self.full_to_swa_index_mapping),
+            mamba_free_slots=list(self.mamba_free_slots),
+            forward_iter=self.forward_iter,
         )
 
 
@@ -165,4 +185,6 @@ def initial_state(cfg: Config) -> State:
         reqs={},
         slots={},
         sessions={},
+        swa_free_pages=list(range(1, cfg.swa_pages + 1)) if cfg.swa_window else [],
+        mamba_free_slots=list(range(1, cfg.mamba_slots + 1)),
     )

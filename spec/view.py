@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
+from spec.hybrid import mamba_refs
 from spec.pages import ceil_div
 from spec.state import ROOT, State
 from spec.model import evictable_leaves, node_path
@@ -45,12 +46,15 @@ def abstract(s: State) -> AbstractState:
                 anchor=anchor_view(s, r.last_node, r.locked), locked=r.locked, to_finish=r.to_finish,
                 is_retracted=r.is_retracted, committed_freed=r.committed_freed,
                 overallocated_freed=r.overallocated_freed,
-                row_pages=_row_pages(s, r.row, r.allocated))
+                row_pages=_row_pages(s, r.row, r.allocated),
+                swa_evicted_seqlen=r.swa_evicted_seqlen, mamba=mamba_refs(r))
         for r in sorted(s.reqs.values(), key=lambda r: r.rid))
     slots = tuple(
         SlotView(sid=sid, row=t.row, committed=t.committed, allocated=t.allocated,
                  protected=t.protected, last_node=anchor_view(s, t.last_node),
-                 row_pages=_row_pages(s, t.row, t.allocated))
+                 row_pages=_row_pages(s, t.row, t.allocated),
+                 swa_evicted_seqlen=t.swa_evicted_seqlen, mamba=mamba_refs(t),
+                 swa_uuid_for_lock=anchor_view(s, t.swa_uuid_for_lock))
         for sid, t in sorted(s.slots.items()))
     sessions = tuple(
         SessionView(sid=sid, inflight=x.inflight_rid is not None, checkpoint=x.checkpoint,
@@ -66,4 +70,16 @@ def abstract(s: State) -> AbstractState:
         free_pages=tuple(s.free_pages), free_rows=tuple(sorted(s.free_rows)),
         nodes=nodes, reqs=reqs, slots=slots, sessions=sessions,
         evictable_size=s.evictable_size, protected_size=s.protected_size,
-        content=build_content(cfg.page_size, nodes, reqs, slots, read))
+        content=build_content(cfg.page_size, nodes, reqs, slots, read),
+        **hybrid_view(s))
+
+
+def hybrid_view(s: State) -> dict:
+    """The AbstractState's hybrid fields of the spec state (empty when hybrid is off)."""
+    cfg = s.cfg
+    if not cfg.hybrid:
+        return {}
+    return dict(swa_window=cfg.swa_window, swa_num_pages=cfg.swa_pages if cfg.swa_window else 0,
+                swa_free_pages=tuple(s.swa_free_pages),
+                swa_map=tuple(sorted(s.full_to_swa_index_mapping.items())),
+                mamba_slots=cfg.mamba_slots, mamba_free=tuple(sorted(s.mamba_free_slots)))

@@ -41,7 +41,7 @@ from spec.model import resolve_logprob_start
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
 
-from adapters.sglang import shim
+from adapters.sglang import hybrid, shim
 
 VOCAB = 32000
 SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
@@ -164,6 +164,8 @@ class SglangBackend:
         if cfg.era != era:
             raise ConfigError(f"config.era is {cfg.era!r} but sglang {self.version} is a "
                               f"{era}-era release; run this trace with era={era!r}")
+        if hybrid.refusal(cfg, self.api):
+            raise ConfigError(hybrid.refusal(cfg, self.api))
         self.name = f"sglang-{self.version}"
         self.P = cfg.page_size
         self.shadow: dict[int, int] = {}     # kv index -> token id whose KV was written
@@ -183,8 +185,11 @@ class SglangBackend:
         from sglang.srt.session.session_controller import SessionController
 
         cfg, P = self.cfg, self.P
-        self.pool = ReqToTokenPool(size=cfg.num_rows, max_context_len=cfg.max_context_len,
-                                   device="cpu", enable_memory_saver=False)
+        if cfg.mamba_slots:     # a real HybridReqToTokenPool over a stand-in MambaPool
+            self.pool = hybrid.hybrid_req_to_token_pool(cfg)
+        else:
+            self.pool = ReqToTokenPool(size=cfg.num_rows, max_context_len=cfg.max_context_len,
+                                       device="cpu", enable_memory_saver=False)
         size = cfg.num_pages * P
         # kvcache=None: the allocators only keep the handle; no KV tensor is computed.
         if P == 1:   # what production uses for page_size 1
@@ -383,7 +388,8 @@ class SglangBackend:
         self._lock(L)                                         # _req_inc_lock_ref
         no_row = self._row(req) is None and self.pool.available_size() == 0
         need = pages_needed_extend(prefix, end, self.P) * self.P
-        if no_row or need > self.alloc.available_size() + self.cache.evictable_size():
+        if no_row or hybrid.mamba_short(self.pool, req) or \
+                need > self.alloc.available_size() + self.cache.evictable_size():
             self._unlock(L)
             return "rejected"
         self._extend(L, prefix, end)
@@ -862,14 +868,15 @@ class SglangBackend:
                 to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
                 committed_freed=bool(self._flag(req, "kv_committed_freed")),
                 overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
-                row_pages=self._row_pages(row, allocated)))
+                row_pages=self._row_pages(row, allocated), mamba=hybrid.mamba_refs(req)))
         slots = []
         for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):
             row, committed, allocated, protected, last_node = self._slot_kv(slot)
             slots.append(SlotView(sid=int(sid), row=self._arow(row), committed=committed,
                                   allocated=allocated, protected=protected,
                                   last_node=self._anchor(last_node, paths, int(sid)),
-                                  row_pages=self._row_pages(row, allocated)))
+                                  row_pages=self._row_pages(row, allocated),
+                                  mamba=hybrid.mamba_refs(slot)))
         P = self.P
 
         def read(page, offset):
@@ -883,7 +890,8 @@ class SglangBackend:
             sessions=tuple(self._session_views()),
             evictable_size=int(self.cache.evictable_size()),
             protected_size=int(self.cache.protected_size()),
-            content=build_content(P, nodes, reqs, slots, read))
+            content=build_content(P, nodes, reqs, slots, read),
+            **hybrid.hybrid_view(cfg, self.pool))
 
     def _locked(self, L) -> bool:
         """Whether the request itself holds a tree lock. 0.5.15: the glue's record of

@@ -41,7 +41,13 @@ def state_from_json(d: dict) -> AbstractState:
         sessions=tuple(_view(SessionView, x) for x in d["sessions"]),
         evictable_size=d["evictable_size"], protected_size=d["protected_size"],
         content=_tup(d.get("content", [])),
+        **{k: _tup(d[k]) for k in HYBRID_FIELDS if k in d},
     )
+
+
+HYBRID_FIELDS = ("swa_window", "swa_num_pages", "swa_free_pages", "swa_map", "mamba_slots",
+                 "mamba_free")
+"""The AbstractState's hybrid fields (spec/abstract.py), passed through when present."""
 
 
 def violation_to_json(v: Violation) -> dict:

@@ -63,6 +63,9 @@ def _setup(c: Campaign):
         kw["spec_enabled"] = c.spec_enabled
     if c.accept:
         kw["accept"] = c.accept
+    if c.backend.startswith("sglang"):  # the adapter drives the Mamba pool on 0.5.15 only;
+        # no lazy track buffer there: the candidate finding M1 (docs/upstream-findings.md)
+        kw.update({"hybrid_kinds": ("mamba-no-lazy",)} if era == "wrapper" else {"hybrid": False})
     return factory, bname, kw, known_findings(c.backend, c.accept)
 
 

@@ -73,12 +73,51 @@ def one_in(d: Drawer, n: int, label: str = "go") -> bool:
 # -- configurations --------------------------------------------------------------------
 
 def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
-                era: Optional[str] = None, accept: tuple = ()) -> Config:
+                era: Optional[str] = None, accept: tuple = (), hybrid: Optional[bool] = None,
+                hybrid_kinds: tuple = ()) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
-    `accept`: the recorded findings whose upstream behaviour the spec takes."""
+    `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
+    SWA / Mamba pools always (True), never (False), or one wrapper-era config in three,
+    of `hybrid_kinds` (default HYBRID_KINDS)."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
+    cfg = _draw_plain_config(d, P, spec_enabled, era, accept)
+    if hybrid is False or cfg.era != "wrapper" or (hybrid is None and not one_in(d, 3, "hybrid")):
+        return cfg
+    return draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
+
+
+HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
+
+
+EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
+NO_LAZY = ("off", "off", "eager")
+"""Track-buffer modes drawn: lazy is never drawn with speculative decoding (upstream
+refuses it), nor where `hybrid_kinds` names "mamba-no-lazy"."""
+
+
+def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
+    """SWA and/or Mamba pools on cfg: a window smaller than a turn and around page
+    boundaries, an SWA pool up to half the full one, a maintenance interval; a Mamba pool
+    small enough to run out (a few slots, with or without track buffers)."""
+    from dataclasses import replace
+    P, kind = cfg.page_size, d.choice(kinds, "hybrid_kind")
+    kw: dict = {}
+    if "swa" in kind:
+        kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
+        kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2), max(2, cfg.num_pages - 2)],
+                                       "swa_num_pages")
+        kw["swa_eviction_interval"] = d.choice([1, 1, 2, 3], "swa_eviction_interval")
+    if "mamba" in kind:
+        kw["mamba_slots"] = d.integer(1, 2 * cfg.num_rows + 2, "mamba_slots")
+        lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
+        kw["mamba_extra_buffer"] = d.choice(EXTRA_BUFFERS if lazy_ok else NO_LAZY,
+                                            "mamba_extra_buffer")
+    return replace(cfg, **kw)
+
+
+def _draw_plain_config(d: Drawer, P: int, spec_enabled: bool, era, accept) -> Config:
     return Config(
         page_size=P,
         num_pages=d.integer(4, 40 // P + 4, "num_pages"),

@@ -1,0 +1,191 @@
+"""Sliding-window (SWA) hybrid KV (upstream mem_cache/allocator/swa.py,
+mem_cache/swa_radix_cache.py, mem_cache/common.py `free_swa_out_of_window_slots`).
+
+`SWATokenToKVPoolAllocator` pairs a full-attention allocator with an SWA allocator of
+its own size; `full_to_swa_index_mapping[full index]` is the SWA index (0 = none; the
+extra last entry maps -1 to -1 for `alloc_extend`'s first `last_loc`). `free` releases
+both sides, `free_swa` only the SWA side. `SWARadixCache` is impl's RadixCache with
+SWARadixCache's window-aware match (a prefix is usable up to the last point with no
+SWA tombstone behind it, or `sliding_window_size` tokens of SWA KV after the last one).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from impl import faults
+from impl.allocator import make_allocator
+from impl.radix_cache import RadixCache
+
+I64 = torch.int64
+
+
+class SWATokenToKVPoolAllocator:
+    def __init__(self, num_pages: int, swa_num_pages: int, page_size: int, device=None,
+                 need_sort: bool = True, debug_mode=None):
+        self.page_size = page_size
+        self.full_attn_allocator = make_allocator(num_pages, page_size, device, need_sort, debug_mode)
+        self.swa_attn_allocator = make_allocator(swa_num_pages, page_size, device, need_sort, debug_mode)
+        self.device = self.full_attn_allocator.device
+        self.size = num_pages * page_size
+        self.full_to_swa_index_mapping = torch.cat([
+            torch.zeros((num_pages + 1) * page_size, dtype=I64, device=self.device),
+            torch.tensor([-1], dtype=I64, device=self.device)])
+
+    # -- sizes -------------------------------------------------------------------------
+    def available_size(self) -> int:
+        return min(self.full_attn_allocator.available_size(), self.swa_attn_allocator.available_size())
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def get_all_free_pages(self) -> torch.Tensor:
+        return self.full_attn_allocator.get_all_free_pages()
+
+    def new_pages_available(self, num_full_pages: int, num_swa_pages: int) -> bool:
+        P = self.page_size
+        return (num_full_pages <= self.full_attn_allocator.available_size() // P
+                and num_swa_pages <= self.swa_attn_allocator.available_size() // P)
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        return self.full_to_swa_index_mapping[kv_indices.to(I64)]
+
+    def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
+        if full_indices.numel():
+            self.full_to_swa_index_mapping[full_indices.to(I64)] = swa_indices.to(I64)
+
+    # -- alloc -------------------------------------------------------------------------
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        """P == 1."""
+        if not self.new_pages_available(need_size, need_size):
+            return None
+        full = self.full_attn_allocator.alloc(need_size)
+        self.set_full_to_swa_mapping(full, self.swa_attn_allocator.alloc(need_size))
+        return full
+
+    def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor,
+                     last_loc: torch.Tensor, extend_num_tokens: int) -> Optional[torch.Tensor]:
+        """P > 1: both sides continue their partial page (the SWA side from
+        `translate_loc_from_full_to_swa(last_loc)`), then take new pages."""
+        P = self.page_size
+        new_pages = int(((seq_lens.to(I64) + P - 1) // P - (prefix_lens.to(I64) + P - 1) // P).sum())
+        if not self.new_pages_available(new_pages, new_pages):
+            return None
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        full = self.full_attn_allocator.alloc_extend(prefix_lens, seq_lens, last_loc, extend_num_tokens)
+        swa = self.swa_attn_allocator.alloc_extend(prefix_lens, seq_lens, swa_last_loc, extend_num_tokens)
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    def alloc_decode(self, seq_lens: torch.Tensor, last_loc: torch.Tensor) -> Optional[torch.Tensor]:
+        swa_last_loc = self.translate_loc_from_full_to_swa(last_loc)
+        n = int((seq_lens.to(I64) % self.page_size == 1 % self.page_size).sum())
+        if not self.new_pages_available(n, n):
+            return None
+        full = self.full_attn_allocator.alloc_decode(seq_lens, last_loc)
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, swa_last_loc)
+        self.set_full_to_swa_mapping(full, swa)
+        return full
+
+    # -- free --------------------------------------------------------------------------
+    def free(self, free_index: torch.Tensor) -> None:
+        """Not idempotent on the full side; the SWA side is (the mapping is zeroed)."""
+        if free_index.numel() == 0:
+            return
+        self.full_attn_allocator.free(free_index)
+        if "swa_free_skips_swa" not in faults.ACTIVE:
+            self.free_swa(free_index)
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        if free_index.numel() == 0:
+            return
+        P = self.page_size
+        idx = free_index.to(I64)
+        if P > 1:       # _expand_to_full_pages
+            pages = torch.unique(idx // P)
+            idx = (pages[:, None] * P + torch.arange(P, dtype=I64, device=idx.device)).reshape(-1)
+        swa = self.full_to_swa_index_mapping[idx]
+        self.swa_attn_allocator.free(swa[swa > 0])
+        if "swa_mapping_kept" not in faults.ACTIVE:
+            self.full_to_swa_index_mapping[idx] = 0
+
+    def swa_page_of(self, page: int) -> int:
+        """The SWA page mapped from full page `page` (0: none), read at its first index."""
+        return int(self.full_to_swa_index_mapping[page * self.page_size].item()) // self.page_size
+
+    def free_group_begin(self) -> None:
+        self.full_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        self.full_attn_allocator.free_group_end()
+
+
+def free_swa_out_of_window_slots(req, pre_len: int, *, sliding_window_size: int, page_size: int,
+                                 req_to_token_pool, token_to_kv_pool_allocator) -> None:
+    """Radix cache: free the SWA KV of `[swa_evicted_seqlen, new)` where `new =
+    max(cursor, pre_len - max(window, P))`, page-floored; never below cache_protected_len."""
+    assert req.cache_protected_len % page_size == 0, "cache_protected_len must be page aligned"
+    req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
+    margin = sliding_window_size if "swa_window_no_page_margin" in faults.ACTIVE else \
+        max(sliding_window_size, page_size)
+    new = max(req.swa_evicted_seqlen, pre_len - margin)
+    if page_size > 1:
+        new = (new // page_size) * page_size
+    if new > req.swa_evicted_seqlen:
+        token_to_kv_pool_allocator.free_swa(
+            req_to_token_pool.req_to_token[req.req_pool_idx, req.swa_evicted_seqlen:new])
+        req.swa_evicted_seqlen = new
+
+
+class SWARadixCache(RadixCache):
+    """RadixCache whose match stops where the window has no SWA KV behind it
+    (`_match_prefix_helper`), counted per page here (upstream per node)."""
+
+    def __init__(self, req_to_token_pool, token_to_kv_pool_allocator, page_size: int, device,
+                 sliding_window_size: int):
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, device)
+        self.sliding_window_size = sliding_window_size
+
+    def supports_swa(self) -> bool:
+        return True
+
+    def match_prefix(self, key) -> tuple:
+        idx, node = super().match_prefix(key)
+        usable = self._swa_usable_len(idx)
+        if usable < len(idx):
+            idx, node = super().match_prefix(tuple(key)[:usable])
+        return idx, node
+
+    def _swa_usable_len(self, idx: torch.Tensor) -> int:
+        P, window = self.page_size, self.sliding_window_size
+        alloc = self.token_to_kv_pool_allocator
+        since, best = None, 0
+        for k in range(len(idx) // P):
+            if alloc.swa_page_of(int(idx[k * P].item()) // P) == 0:
+                if since is None or since >= window:
+                    best = k * P
+                since = 0
+            else:
+                since = None if since is None else since + P
+        return len(idx) if since is None or since >= window else best
+
+    def swa_evictable_size(self) -> int:
+        """SWA tokens of unlocked nodes (a tombstone page has none)."""
+        P, alloc = self.page_size, self.token_to_kv_pool_allocator
+        return sum(P for n in self.all_nodes() if n.lock_ref == 0
+                   for k in range(len(n.key) // P)
+                   if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        super().cache_unfinished_req(req, chunked=chunked)
+        req.swa_uuid_for_lock = swa_lock_boundary(self, req.last_node)
+
+
+def swa_lock_boundary(tree, node):
+    """`inc_lock_ref(...).swa_uuid_for_lock`: the locked radix node (None: root/virtual)."""
+    from impl.radix_cache import TreeNode
+    return node if isinstance(node, TreeNode) and node is not tree.root_node else None

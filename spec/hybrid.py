@@ -1,0 +1,268 @@
+"""Hybrid models: the SWA KV pool and the Mamba state pool (sglang 0.5.15, wrapper era).
+
+Each function is one upstream rule (docs/semantics.md, "Hybrid models", cites them);
+spec/model.py calls them from short hooks. With `config.swa_window == 0` and
+`config.mamba_slots == 0` every function is a no-op, so a non-hybrid run is unchanged.
+Like model.py's helpers, the mutating ones act on the clone `step` made.
+
+SWA (`SWATokenToKVPoolAllocator`): every full page the allocator hands out gets an SWA
+page (`full_to_swa_index_mapping`, 0 = none); `free` releases both; `free_swa` (the
+out-of-window free of decode) releases only the SWA page and zeroes the mapping entry.
+Mamba (`HybridReqToTokenPool`, `MambaSlotAllocator`): one state slot per request row
+(slot 0 is the reserved dummy), plus the ping-pong track buffer when enabled; the
+session slot takes them on save and returns them on close (`_free_slot_mamba`).
+"""
+from __future__ import annotations
+
+import bisect
+
+from spec.pages import floor_align, row_pages
+from spec.state import Req, Slot, State
+
+EMPTY_TRACK = -1
+"""The sentinel a lazily allocated ping-pong buffer holds in its unallocated entry."""
+
+
+# ---------------------------------------------------------------------------
+# SWA pool
+# ---------------------------------------------------------------------------
+
+def swa_evict_target(evicted: int, pre_len: int, window: int, p: int) -> int:
+    """`free_swa_out_of_window_slots` (radix cache): the new cursor,
+    `max(evicted, pre_len - max(window, P))`, floored to a page when P > 1. The caller
+    frees `[evicted, new)` only when new > evicted. proofs/hybrid_lemmas.py proves that
+    the cursor never passes pre_len and stays page-aligned.
+    pre: p >= 1
+    pre: window >= 1
+    pre: 0 <= evicted <= pre_len
+    post: __return__ <= pre_len
+    post: __return__ <= evicted or __return__ % p == 0
+    """
+    new = max(evicted, pre_len - max(window, p))
+    return floor_align(new, p) if p > 1 else new
+
+
+def swa_on(s: State) -> bool:
+    return s.cfg.swa_window > 0
+
+
+def swa_available_size(s: State) -> int:
+    return len(s.swa_free_pages) * s.cfg.page_size
+
+
+def available_size(s: State, full: int) -> int:
+    """`SWATokenToKVPoolAllocator.available_size`: min of both pools."""
+    return min(full, swa_available_size(s)) if swa_on(s) else full
+
+
+def swa_can_alloc(s: State, n: int) -> bool:
+    """`new_pages_available`: the SWA pool has n pages too."""
+    return not swa_on(s) or n <= len(s.swa_free_pages)
+
+
+def swa_short(s: State, n: int) -> bool:
+    """The SWA pool has fewer than n tokens free."""
+    return swa_on(s) and swa_available_size(s) < n
+
+
+def swa_evictable_size(s: State) -> int:
+    """SWA tokens the tree can give back: the SWA pages of unlocked nodes (a tombstone
+    page gives none)."""
+    P, mapping = s.cfg.page_size, s.full_to_swa_index_mapping
+    return sum(P for n in s.nodes.values() if n.lock_ref == 0 and n.id != 0
+               for p in n.pages if p in mapping)
+
+
+def swa_admission_short(s: State, need: int) -> bool:
+    """The admission budget on the SWA side (`PrefillAdder`'s SWA tokens): available
+    plus what evicting unlocked nodes would return."""
+    return swa_on(s) and need > swa_available_size(s) + swa_evictable_size(s)
+
+
+def map_swa_pages(s: State, full_pages) -> None:
+    """`set_full_to_swa_mapping`: each new full page gets the lowest free SWA page."""
+    if not swa_on(s):
+        return
+    taken, s.swa_free_pages = s.swa_free_pages[:len(full_pages)], s.swa_free_pages[len(full_pages):]
+    for p, w in zip(full_pages, taken):
+        s.full_to_swa_index_mapping[p] = w
+
+
+def free_swa(s: State, full_pages) -> None:
+    """`free_swa`: the SWA pages mapped from these full pages (unique, skipping 0) return
+    to the SWA pool; the mapping entries become 0 (so a second free is a no-op)."""
+    if not swa_on(s):
+        return
+    for p in sorted(set(full_pages)):
+        w = s.full_to_swa_index_mapping.pop(p, 0)
+        if w > 0:
+            bisect.insort(s.swa_free_pages, w)
+
+
+def free_swa_out_of_window_slots(s: State, req: Req) -> None:
+    """`ScheduleBatch.maybe_evict_swa` in a decode batch (radix cache): from the second
+    decode batch, on maintenance steps, free the SWA KV of row positions that fell out of
+    the window, `[swa_evicted_seqlen, new)`, never below cache_protected_len. Upstream
+    runs it in `alloc_for_decode` once `check_decode_mem` passed, before the allocation;
+    the spec runs it right after a successful allocation (the same pages are freed; only
+    which free SWA page ids the allocation draws differs, which canonical renaming hides)."""
+    if not swa_on(s):
+        return
+    s.forward_iter += 1
+    if req.decode_batch_idx < 1 or (s.forward_iter - 1) % s.cfg.swa_eviction_interval:
+        return
+    P = s.cfg.page_size
+    req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.protected)
+    new = swa_evict_target(req.swa_evicted_seqlen, req.seqlen - 1, s.cfg.swa_window, P)
+    if new > req.swa_evicted_seqlen:
+        row = s.rows[req.row]
+        free_swa(s, [row[k] for k in row_pages(req.swa_evicted_seqlen, new, P)])
+        req.swa_evicted_seqlen = new
+
+
+def decode_batch_done(req: Req) -> None:
+    """`prepare_for_decode`: `req.decode_batch_idx += 1` after the allocation."""
+    req.decode_batch_idx += 1
+
+
+def note_swa_lock(s: State, req: Req) -> None:
+    """`_req_inc_lock_ref` under SWA: `swa_uuid_for_lock` names the lock boundary the
+    inc took (the locked radix node; None for the root and a virtual node)."""
+    if swa_on(s):
+        a = req.last_node
+        req.swa_uuid_for_lock = a if a and a[0] == "node" and a[1] != 0 else None
+
+
+def clamp_swa_evicted(holder, n: int) -> None:
+    """`_free_tail` / `_trim_overshoot`: `swa_evicted_seqlen = min(swa_evicted_seqlen, n)`."""
+    holder.swa_evicted_seqlen = min(holder.swa_evicted_seqlen, n)
+
+
+def swa_aligned_rewind(s: State, req: Req, n: int) -> int:
+    """FIX (0.5.23 `try_match_prefix` / `_trim_overshoot`): a rewind below the SWA cursor
+    lands on a page boundary, so the partial page (whose SWA KV is freed) is re-prefilled
+    rather than continued. 0.5.15 keeps n and clamps the cursor mid-page."""
+    P = s.cfg.page_size
+    if swa_on(s) and P > 1 and req.swa_evicted_seqlen > n:
+        return floor_align(n, P)
+    return n
+
+
+def swa_match_len(s: State, pages) -> int:
+    """`SWARadixCache._match_prefix_helper`: the matched prefix is usable up to the last
+    point where either no SWA tombstone lies behind it, or at least `sliding_window_size`
+    tokens with SWA KV follow the last tombstone (here a tombstone is a page whose SWA KV
+    is freed: the spec tracks it per page, upstream per node)."""
+    if not swa_on(s):
+        return len(pages) * s.cfg.page_size
+    P, window = s.cfg.page_size, s.cfg.swa_window
+    since, best = None, 0           # None: no tombstone yet (upstream's inf)
+    for k, p in enumerate(pages):
+        if s.full_to_swa_index_mapping.get(p, 0) == 0:
+            if since is None or since >= window:
+                best = k * P
+            since = 0
+        else:
+            since = None if since is None else since + P
+    return len(pages) * P if since is None or since >= window else best
+
+
+def swa_held_tokens(s: State, holder) -> int:
+    """`session_held_swa_tokens` of one holder: `ceil_align(allocated) - max(protected,
+    swa_evicted_seqlen)`."""
+    P = s.cfg.page_size
+    return -(-holder.allocated // P) * P - max(holder.protected, holder.swa_evicted_seqlen)
+
+
+# ---------------------------------------------------------------------------
+# Mamba pool
+# ---------------------------------------------------------------------------
+
+def mamba_on(s: State) -> bool:
+    return s.cfg.mamba_slots > 0
+
+
+def track_buffer_size(s: State) -> int:
+    """`mamba_ping_pong_track_buffer_size`: 2 under the overlap scheduler, else 1."""
+    return 2 if s.cfg.overlap else 1
+
+
+def mamba_needed(s: State, req: Req) -> int:
+    """Slots `HybridReqToTokenPool.alloc` takes for req: its state unless it has one
+    (a restored or continuing request), and the track buffer when enabled and absent."""
+    if not mamba_on(s):
+        return 0
+    n = 1 if req.mamba_pool_idx is None else 0
+    if s.cfg.mamba_extra_buffer != "off" and req.mamba_ping_pong_track_buffer is None:
+        n += 1 if s.cfg.mamba_extra_buffer == "lazy" else track_buffer_size(s)
+    return n
+
+
+def mamba_short(s: State, req: Req) -> bool:
+    """Admission is refused when the Mamba pool cannot give req its slots."""
+    return mamba_needed(s, req) > len(s.mamba_free_slots)
+
+
+def _mamba_alloc(s: State, n: int) -> list:
+    taken, s.mamba_free_slots = s.mamba_free_slots[:n], s.mamba_free_slots[n:]
+    return taken
+
+
+def alloc_mamba(s: State, req: Req) -> None:
+    """`HybridReqToTokenPool.alloc` (+ `_alloc_ping_pong_buffer`)."""
+    if not mamba_on(s):
+        return
+    if req.mamba_pool_idx is None:
+        req.mamba_pool_idx = _mamba_alloc(s, 1)[0]
+    mode = s.cfg.mamba_extra_buffer
+    if mode != "off" and req.mamba_ping_pong_track_buffer is None:
+        size = track_buffer_size(s)
+        got = _mamba_alloc(s, 1 if mode == "lazy" else size)
+        req.mamba_ping_pong_track_buffer = tuple(got) + (EMPTY_TRACK,) * (size - len(got))
+
+
+def mamba_refs(holder) -> tuple:
+    """The Mamba pool entries a request or slot holds: its state, then its track buffer."""
+    out = () if holder.mamba_pool_idx is None else (holder.mamba_pool_idx,)
+    return out + tuple(holder.mamba_ping_pong_track_buffer or ())
+
+
+def move_mamba(dst, src, clear_src: bool) -> None:
+    """`save_from_req` / `restore_to_req` / the ephemeral slot: the Mamba references go
+    with the KV; on a save (and the ephemeral slot) the request's are nulled."""
+    dst.mamba_pool_idx = src.mamba_pool_idx
+    dst.mamba_ping_pong_track_buffer = src.mamba_ping_pong_track_buffer
+    if clear_src:
+        src.mamba_pool_idx = None
+        src.mamba_ping_pong_track_buffer = None
+
+
+def free_mamba(s: State, holder) -> None:
+    """`free_mamba_cache` (a request) / `_free_slot_mamba` (a slot): the state and the
+    allocated track entries return to the pool. FIX (0.5.23 `mamba_ping_pong_empty`):
+    a lazy buffer's -1 entry is skipped; 0.5.15's `_free_slot_mamba` frees it too."""
+    for m in mamba_refs(holder):
+        if m != EMPTY_TRACK:
+            s.mamba_free_slots.append(m)
+    holder.mamba_pool_idx = None
+    holder.mamba_ping_pong_track_buffer = None
+
+
+def save_swa_fields(slot: Slot, req: Req, is_first: bool) -> None:
+    """`save_from_req`: the cursor always, the SWA lock boundary with the first turn."""
+    slot.swa_evicted_seqlen = req.swa_evicted_seqlen
+    if is_first:
+        slot.swa_uuid_for_lock = req.swa_uuid_for_lock
+
+
+def restore_swa_fields(slot: Slot, req: Req) -> None:
+    """`restore_to_req`."""
+    req.swa_evicted_seqlen = slot.swa_evicted_seqlen
+    req.swa_uuid_for_lock = slot.swa_uuid_for_lock
+
+
+def reset_for_retract(req: Req) -> None:
+    """`reset_for_retract`: the cursor and the batch index restart; the Mamba refs are
+    already None (saved into the slot or freed by release_kv_cache)."""
+    req.swa_evicted_seqlen = 0
+    req.decode_batch_idx = 0

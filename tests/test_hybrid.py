@@ -1,0 +1,302 @@
+"""Hybrid models (spec/hybrid.py, impl/swa.py, impl/mamba.py): the SWA pool and window,
+the Mamba pool, their invariants I40-I45, and spec vs impl on drawn hybrid configs."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from spec import hybrid as H
+from spec import ops as O
+from spec.config import Config, ConfigError
+from spec.invariants import INVARIANT_IDS, check_state
+from spec.model import initial_state, step
+from spec.view import abstract
+
+SWA_P1 = Config(page_size=1, num_pages=40, num_rows=3, swa_window=3)
+HYB = Config(page_size=2, num_pages=30, num_rows=3, swa_window=2, swa_num_pages=24,
+             mamba_slots=7, mamba_extra_buffer="eager")
+
+
+def run(cfg, ops):
+    s = initial_state(cfg)
+    for op in ops:
+        s, _ = step(s, op)
+    return s
+
+
+def turn1(rid=1, new=(1, 2, 3, 4, 5, 6), max_new=10, decodes=5):
+    return [O.OpenSession(1), O.SubmitTurn(1, rid, tuple(new), max_new), O.Schedule(rid)] + \
+        [O.Decode(rid, 2)] * decodes
+
+
+def base_ops():
+    """Turn 1 decodes past the window and parks in its slot; a plain request runs; turn 2
+    borrows the slot's row."""
+    return turn1() + [O.Finish(1), O.SubmitRequest(2, (1, 2, 3, 4, 5, 6, 7), 9), O.Schedule(2)] + \
+        [O.Decode(2, 3)] * 6 + [O.SubmitTurn(1, 3, (9, 9), 6), O.Schedule(3)] + [O.Decode(3, 1)] * 3
+
+
+BASE = abstract(run(HYB, base_ops()))
+
+
+# -- the window --------------------------------------------------------------------------
+
+def test_window_frees_the_swa_kv_behind_it_from_the_second_decode_batch():
+    """The prompt is the tree's (cache_protected_len 6); each decode batch after the first
+    frees the SWA KV of [cursor, pre_len - window), pre_len = seqlen - 1, full KV stays."""
+    s = run(SWA_P1, turn1(decodes=1))
+    assert s.reqs[1].swa_evicted_seqlen == 0            # first decode batch: no eviction
+    for _ in range(6):
+        pre_len = s.reqs[1].seqlen - 1
+        s, _ = step(s, O.Decode(1, 2))
+        r = s.reqs[1]
+        assert r.swa_evicted_seqlen == max(6, pre_len - 3)
+        row = s.rows[r.row]
+        mapped = [row[k] in s.full_to_swa_index_mapping for k in range(r.committed)]
+        assert mapped == [True] * 6 + [False] * (r.swa_evicted_seqlen - 6) + \
+            [True] * (r.committed - r.swa_evicted_seqlen)
+        assert len(s.swa_free_pages) == 40 - r.committed + r.swa_evicted_seqlen - 6
+        assert len(s.free_pages) == 40 - r.committed    # the full side keeps every page
+    assert r.swa_evicted_seqlen > 6
+
+
+@pytest.mark.parametrize("evicted, pre_len, window, p, want", [
+    (0, 7, 3, 1, 4), (4, 5, 3, 1, 4), (0, 13, 1, 4, 8), (0, 13, 6, 4, 4), (0, 9, 3, 4, 4),
+    (8, 9, 3, 4, 8), (2, 6, 5, 4, 0)])
+def test_swa_evict_target(evicted, pre_len, window, p, want):
+    """`max(cursor, pre_len - max(window, P))`, page-floored (common.py); a result not above
+    the cursor frees nothing."""
+    assert H.swa_evict_target(evicted, pre_len, window, p) == want
+
+
+def test_swa_eviction_interval_skips_non_maintenance_steps():
+    every = run(SWA_P1, turn1(max_new=12, decodes=6))
+    cfg = replace(SWA_P1, swa_eviction_interval=4)
+    s = run(cfg, turn1(max_new=12, decodes=4))  # forward_iter 0..3: the 2nd..4th are not multiples
+    assert s.reqs[1].swa_evicted_seqlen == 0
+    s = run(cfg, turn1(max_new=12, decodes=6))  # the 5th batch (forward_iter 4) evicts
+    assert 6 < s.reqs[1].swa_evicted_seqlen < every.reqs[1].swa_evicted_seqlen
+
+
+def test_match_stops_where_the_window_has_no_swa_kv_behind_it():
+    s = initial_state(replace(SWA_P1, swa_window=2))
+    pages = [1, 2, 3, 4, 5, 6]
+    s.full_to_swa_index_mapping = {1: 1, 2: 2, 4: 4, 5: 5, 6: 6}     # page 3 a tombstone
+    assert H.swa_match_len(s, pages) == 6       # 3 SWA pages after it >= window 2
+    assert H.swa_match_len(s, pages[:4]) == 2   # 1 < window after it: stop before it
+    s.full_to_swa_index_mapping = {1: 1, 3: 3, 4: 4}   # tombstones 2 and 5: exactly 2 between
+    assert H.swa_match_len(s, pages[:5]) == 4
+    s.full_to_swa_index_mapping = {}
+    assert H.swa_match_len(s, pages) == 0
+
+
+def test_a_plain_request_matches_only_the_usable_prefix_of_a_tombstoned_path():
+    cfg = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2)
+    s = run(cfg, [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] +
+            [O.Decode(1, 2)] * 6)
+    assert s.reqs[1].swa_evicted_seqlen == 11           # output positions 8..10 SWA-freed
+    s, _ = step(s, O.Finish(1))                         # inserted, tombstones included
+    # 8 + 3 tombstoned + 1 with SWA KV < window 2 after them: usable up to the tombstones
+    s = run_from(s, [O.SubmitRequest(2, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 9), 2), O.Schedule(2)])
+    assert s.reqs[2].prefix_len == 8
+    # 3 with SWA KV after them >= window: the whole match is usable
+    s = run_from(s, [O.SubmitRequest(3, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 2, 2, 9), 2),
+                     O.Schedule(3)])
+    assert s.reqs[3].prefix_len == 14
+    assert check_state(abstract(s), cfg) == []
+
+
+def run_from(s, ops):
+    for op in ops:
+        s, _ = step(s, op)
+    return s
+
+
+def test_admission_counts_only_the_swa_kv_the_tree_can_give_back():
+    """Tombstone pages give no SWA KV back: the SWA budget is the free SWA pool plus the SWA
+    pages of unlocked nodes; eviction runs until the SWA pool has the tokens too."""
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    cfg = Config(page_size=1, num_pages=30, num_rows=3, swa_window=1, swa_num_pages=14)
+    ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] + \
+        [O.Decode(1, 2)] * 6 + [O.Finish(1)]
+    s = run(cfg, ops)
+    assert (len(s.swa_free_pages), s.evictable_size, H.swa_evictable_size(s)) == (4, 14, 10)
+    assert H.swa_admission_short(s, 15) and not H.swa_admission_short(s, 14)
+    s = run_from(s, [O.SubmitRequest(2, (9,) * 14, 2)])
+    assert step(s, O.Schedule(2))[1] == "ok"
+    big = run(cfg, ops + [O.SubmitRequest(3, (9,) * 15, 2)])
+    assert step(big, O.Schedule(3))[1] == "rejected"    # 15 > 4 free + 10 evictable SWA
+    for tail in ([O.SubmitRequest(2, (9,) * 14, 2), O.Schedule(2), O.Decode(2, 1)],
+                 [O.SubmitRequest(3, (9,) * 15, 2), O.Schedule(3)]):
+        res = run_ops(cfg, ops + tail, ImplBackend(cfg))
+        assert res.ok, res.failure.render()
+
+
+def test_swa_pool_shortage_refuses_admission():
+    cfg = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2, swa_num_pages=4)
+    s = run(cfg, [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6), 2)])
+    s, out = step(s, O.Schedule(1))
+    assert out == "rejected" and len(s.free_pages) == 40
+
+
+@pytest.mark.parametrize("i", [0, 1])
+def test_window_lemmas_are_proved_and_their_controls_refuted(i):
+    from proofs.lemmas import LEMMAS, run_lemma
+    window = [lem for lem in LEMMAS if lem.name.startswith("SWA window")]
+    assert len(window) == 2
+    results = run_lemma(window[i])
+    assert all(r.ok for r in results), [(r.name, r.status, r.detail) for r in results]
+    assert [r.status for r in results] == ["proved"] + ["refuted"] * (len(results) - 1)
+
+
+def test_the_window_lemma_is_about_the_real_function():
+    """The z3 term evaluates to what spec.hybrid.swa_evict_target returns."""
+    import z3
+    from proofs.hybrid_lemmas import HYB
+    from proofs.lemmas import S
+    e, pre, w, p = z3.Ints("e pre w p")
+    term = S(HYB, "swa_evict_target", e, pre, w, p)
+    for args in [(0, 7, 3, 1), (0, 13, 1, 4), (3, 9, 2, 2), (8, 9, 3, 4), (2, 6, 5, 4)]:
+        sub = list(zip((e, pre, w, p), map(z3.IntVal, args)))
+        assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target(*args)
+
+
+# -- Mamba --------------------------------------------------------------------------------
+
+def test_mamba_state_goes_request_to_slot_to_request_and_back_on_close():
+    cfg = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=3, mamba_extra_buffer="eager",
+                 overlap=True)
+    s = run(cfg, turn1(decodes=1))
+    assert H.mamba_refs(s.reqs[1]) == (1, 2, 3) and s.mamba_free_slots == []
+    s, _ = step(s, O.Finish(1))
+    assert H.mamba_refs(s.slots[1]) == (1, 2, 3)
+    s, _ = step(s, O.SubmitTurn(1, 2, (7,), 2))
+    s, _ = step(s, O.Schedule(2))               # restored: no new slot taken
+    assert H.mamba_refs(s.reqs[2]) == (1, 2, 3) and s.mamba_free_slots == []
+    s, _ = step(s, O.AbortRunning(2))           # nth mid-abort: release_session frees them
+    assert sorted(s.mamba_free_slots) == [1, 2, 3] and not s.slots
+
+
+def test_first_turn_mid_abort_returns_mamba_through_the_ephemeral_slot():
+    cfg = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=2, mamba_extra_buffer="lazy",
+                 overlap=True)
+    s = run(cfg, turn1(decodes=1))
+    assert H.mamba_refs(s.reqs[1]) == (1, 2, H.EMPTY_TRACK)
+    s, _ = step(s, O.AbortRunning(1))
+    assert sorted(s.mamba_free_slots) == [1, 2]         # the -1 sentinel is not freed
+
+
+def test_mamba_pool_shortage_refuses_admission():
+    cfg = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=1)
+    s = run(cfg, [O.SubmitRequest(1, (1, 2, 3), 3), O.Schedule(1), O.SubmitRequest(2, (4, 5), 3)])
+    s, out = step(s, O.Schedule(2))
+    assert out == "rejected" and s.reqs[2].row is None
+    s, _ = step(s, O.Finish(1))                         # free_mamba_cache: slot back
+    s, out = step(s, O.Schedule(2))
+    assert out == "ok" and s.reqs[2].mamba_pool_idx == 1
+
+
+# -- configuration --------------------------------------------------------------------
+
+def test_hybrid_off_leaves_traces_and_state_as_they_were():
+    assert not {"swa_window", "mamba_slots", "swa_num_pages", "mamba_extra_buffer",
+                "swa_eviction_interval"} & set(Config().to_json())
+    s = initial_state(Config())
+    assert s.swa_free_pages == [] and s.mamba_free_slots == [] and s.full_to_swa_index_mapping == {}
+    a = abstract(s)
+    assert (a.swa_num_pages, a.mamba_slots, a.swa_map, a.mamba_free) == (0, 0, (), ())
+    assert Config.from_json(HYB.to_json()) == HYB
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(swa_window=2, era="borrow"), "config.era"),
+    (dict(swa_num_pages=4), "config.swa_num_pages"),
+    (dict(mamba_extra_buffer="lazy"), "config.mamba_extra_buffer"),
+    (dict(swa_window=-1), "config.swa_window"),
+    (dict(mamba_slots=2, mamba_extra_buffer="twice"), "config.mamba_extra_buffer"),
+    (dict(mamba_slots=2, mamba_extra_buffer="lazy", spec_enabled=True), "config.mamba_extra_buffer"),
+])
+def test_bad_hybrid_configs_are_refused_naming_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        Config(**kw)
+
+
+# -- invariants -----------------------------------------------------------------------------
+
+def _req(s, rid):
+    return next(r for r in s.reqs if r.rid == rid)
+
+
+def with_req(s, rid, **kw):
+    return replace(s, reqs=tuple(replace(r, **kw) if r.rid == rid else r for r in s.reqs))
+
+
+def hybrid_corruptions():
+    """id -> a corrupted copy of BASE that breaks it."""
+    held = _req(BASE, 3).mamba[0]
+    mapped_swa = BASE.swa_map[0][1]
+    r2 = _req(BASE, 2)
+    return {
+        "I40": replace(BASE, swa_free_pages=BASE.swa_free_pages[1:]),
+        "I41": replace(BASE, swa_free_pages=tuple(sorted(BASE.swa_free_pages + (mapped_swa,)))),
+        "I42": with_req(BASE, 3, swa_evicted_seqlen=_req(BASE, 3).committed + 1),
+        "I43": with_req(BASE, 2, swa_evicted_seqlen=r2.protected),
+        "I44": replace(BASE, mamba_free=tuple(sorted(BASE.mamba_free + (held,)))),
+        "I45": replace(BASE, mamba_free=BASE.mamba_free[1:]),
+    }
+
+
+def test_base_state_is_clean_and_exercises_both_pools():
+    assert check_state(BASE, HYB) == []
+    assert BASE.slots and BASE.slots[0].mamba and _req(BASE, 2).swa_evicted_seqlen > _req(BASE, 2).protected
+    assert any(r.swa_evicted_seqlen for r in BASE.reqs)
+
+
+@pytest.mark.parametrize("inv_id", sorted(hybrid_corruptions()))
+def test_each_hybrid_invariant_fires(inv_id):
+    vs = check_state(hybrid_corruptions()[inv_id], HYB)
+    hit = [v for v in vs if v.id == inv_id]
+    assert hit, f"{inv_id} did not fire; got {[str(v) for v in vs]}"
+    assert INVARIANT_IDS[inv_id] in str(hit[0])
+
+
+def test_hybrid_invariants_are_silent_when_hybrid_is_off():
+    a = abstract(run(Config(page_size=2, num_pages=30, num_rows=3), base_ops()))
+    assert check_state(a, Config()) == []
+
+
+# -- spec vs impl ----------------------------------------------------------------------------
+
+def test_spec_and_impl_agree_on_drawn_hybrid_configs():
+    from adapters.impl import ImplBackend
+    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.walk import walk
+    stats, hybrid = Stats(), 0
+    for i in range(40):
+        seq = walk(11, i, ImplBackend, "impl", stats, config_kw={"hybrid": True})
+        assert seq.failure is None, seq.failure.render()
+        hybrid += seq.cfg.hybrid
+    assert hybrid >= 20
+
+
+def test_a_row_holder_without_a_mamba_state_is_reported():
+    a = with_req(BASE, 2, mamba=())
+    hit = [v for v in check_state(a, HYB) if v.id == "I44"]
+    assert any("holds a row but no Mamba state" in v.message and v.owner == "req 2" for v in hit)
+
+
+def test_wire_roundtrip_keeps_hybrid_fields():
+    """The sglang proxy's JSON pipe carries the hybrid fields (a dropped one reads as a
+    divergence on every step)."""
+    import json
+    from adapters.sglang.wire import state_from_json, state_to_json
+    assert state_from_json(json.loads(json.dumps(state_to_json(BASE)))) == BASE
+
+
+def test_sglang_adapter_refuses_what_it_does_not_drive():
+    from adapters.sglang.hybrid import refusal
+    assert "config.swa_window" in refusal(SWA_P1, "flat")
+    assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
+    assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None
