@@ -22,6 +22,24 @@ def release_era(name: str):
     return "wrapper" if parts <= (0, 5, 21) else "borrow"
 
 
+def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
+    """The generators' configuration constraints for a backend (gen.draw_config keywords):
+    its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
+    Mamba pool on the wrapper era only, without the lazy track buffer whose candidate
+    finding M1 is recorded: docs/upstream-findings.md; SWA on no release)."""
+    era = release_era(name)
+    kw = {}
+    if era:
+        kw["era"] = era
+    if spec_enabled is not None:
+        kw["spec_enabled"] = spec_enabled
+    if accept:
+        kw["accept"] = accept
+    if name.startswith("sglang"):
+        kw.update({"hybrid_kinds": ("mamba-no-lazy",)} if era == "wrapper" else {"hybrid": False})
+    return kw
+
+
 def known_findings(name: str, accept=()):
     """The skip predicate for a release with recorded upstream findings the run does not
     accept (`--accept`), or None."""

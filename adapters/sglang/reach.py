@@ -22,13 +22,11 @@ from adapters.sglang.backend import SglangBackend, installed_version
 
 def reach(sequences: int, seed: int, accept: tuple) -> tuple:
     """(Stats, failures) of `sequences` walks of campaign `seed` against the release."""
-    from kvcheck.backends import known_findings, release_era
+    from kvcheck.backends import config_kw, known_findings
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     name = f"sglang:{installed_version()}"
-    kw = {"era": release_era(name)}
-    if accept:
-        kw["accept"] = accept
+    kw = config_kw(name, accept)
     skip = known_findings(name, accept)
     stats, failures = Stats(), []
     for i in range(sequences):

@@ -53,19 +53,9 @@ class ChunkResult:
 
 
 def _setup(c: Campaign):
-    from kvcheck.backends import known_findings, release_era, resolve
+    from kvcheck.backends import config_kw, known_findings, resolve
     factory, bname = resolve(c.backend)
-    era = release_era(c.backend)
-    kw = {}
-    if era:
-        kw["era"] = era
-    if c.spec_enabled is not None:
-        kw["spec_enabled"] = c.spec_enabled
-    if c.accept:
-        kw["accept"] = c.accept
-    if c.backend.startswith("sglang"):  # the adapter drives the Mamba pool on 0.5.15 only;
-        # no lazy track buffer there: the candidate finding M1 (docs/upstream-findings.md)
-        kw.update({"hybrid_kinds": ("mamba-no-lazy",)} if era == "wrapper" else {"hybrid": False})
+    kw = config_kw(c.backend, c.accept, c.spec_enabled)
     return factory, bname, kw, known_findings(c.backend, c.accept)
 
 
