@@ -136,6 +136,8 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
         else:
             toks.insert(rng.randrange(len(toks) + 1), rng.randint(1, 9))
         new = tuple(toks)
+    elif f == "logprob_start_len":
+        new = rng.choice((None, -1, rng.randint(0, len(op.tokens))))
     elif f in ("rid", "sid") and ids:
         new = rng.choice(ids)
     elif f in ("drafts", "accepted"):
@@ -146,6 +148,8 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
         d = new if f == "drafts" else op.drafts
         a = new if f == "accepted" else op.accepted
         return dataclasses.replace(op, drafts=d, accepted=min(a, d))
+    if f == "tokens" and (getattr(op, "logprob_start_len", None) or 0) > len(new):
+        return dataclasses.replace(op, tokens=new, logprob_start_len=len(new))
     return dataclasses.replace(op, **{f: new})
 
 
