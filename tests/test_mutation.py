@@ -32,3 +32,13 @@ def test_equivalents_come_from_their_section_of_docs_coverage(tmp_path):
                    "\n## Later\n\n* `impl.c.x_k__mutmut_4`\n")
     assert equivalent_mutants(doc) == {"impl.a.xǁCǁg__mutmut_2", "impl.b.x_h__mutmut_3"}
     assert len(equivalent_mutants()) >= 3            # the project's own list parses
+
+
+def test_exit_status_gates_on_min_score(monkeypatch, capsys):
+    """`make mutation-sample` (CI) fails when the sample's score falls under its floor."""
+    import kvcheck.mutation as M
+    results = {f"m{i}": ("killed" if i < 3 else "survived") for i in range(4)}     # 75%
+    monkeypatch.setattr(M, "run", lambda *a, **k: Score(results, equivalent=set()))
+    assert M.main(["--sample", "4", "--min-score", "75"]) == 0
+    assert M.main(["--sample", "4", "--min-score", "80"]) == 1
+    assert "3/4 non-equivalent mutants killed (75.0%)" in capsys.readouterr().out
