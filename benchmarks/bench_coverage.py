@@ -19,7 +19,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +73,7 @@ def first_report(fault: str, engine: str, seed: int, examples: int, out: Path) -
 
 
 def main(argv=None) -> int:
-    from benchmarks.bench_detect import INF, _fmt
+    from benchmarks.bench_detect import INF, _fmt, fault_table
     from impl import faults
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=200, help="sequences per coverage curve")
@@ -102,17 +101,10 @@ def main(argv=None) -> int:
     names = args.faults or sorted(faults.FAULTS)
     print(f"\nper planted fault: seconds to the first report / sequences run until then "
           f"({args.examples} sequences, median of {args.seeds} seed(s)):", flush=True)
-    print(f"{'planted fault':<32}" + "".join(f"{e:>18}" for e in ENGINES), flush=True)
-    table: dict = {e: [] for e in ENGINES}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in names:
-            row = []
-            for e in ENGINES:
-                runs = [first_report(name, e, s, args.examples, Path(tmp)) for s in range(args.seeds)]
-                med = tuple(statistics.median(r[i] for r in runs) for i in range(2))
-                table[e].append(med)
-                row.append(f"{_fmt(med[0]).strip()} / {med[1]:g}")
-            print(f"{name:<32}" + "".join(f"{x:>18}" for x in row), flush=True)
+    table = fault_table(
+        names, ENGINES, args.seeds,
+        lambda name, e, k, tmp: first_report(name, e, k, args.examples, tmp),
+        lambda med: [f"{_fmt(med[0]).strip()} / {med[1]:g}"], ENGINES)
     for e, rows in table.items():
         caught = sum(r[0] != INF for r in rows)
         secs, seqs = [r[0] for r in rows], [r[1] for r in rows]

@@ -41,22 +41,33 @@ def _fmt(x: float) -> str:
     return "  missed" if x == INF else f"{x:8.2f}"
 
 
-def measure(names: list, engines: list, examples: int, seeds: int = 1, out=print) -> dict:
-    """{engine: [(gen, report, shrunk) median over the seeds, per fault in names]}; each
-    fault's row is printed as it completes."""
-    cols = [f"{e} {k}" for e in engines for k in ("gen", "report", "shrunk")]
-    out(f"{'planted fault':<32}" + "".join(f"{c:>18}" for c in cols), flush=True)
+def fault_table(names: list, engines: list, seeds: int, run, cells, header: list,
+                out=print) -> dict:
+    """{engine: [the per-column median over seeds 0..seeds-1 of run(fault, engine, k, tmp),
+    per fault in names]}; each fault's row (`cells(median)`, one string per column of
+    `header`) is printed as it completes."""
+    out(f"{'planted fault':<32}" + "".join(f"{c:>18}" for c in header), flush=True)
     table: dict = {e: [] for e in engines}
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             row = []
             for e in engines:
-                runs = [detect(name, e, CHECK_SEED + k, examples, Path(tmp)) for k in range(seeds)]
-                med = tuple(statistics.median(r[i] for r in runs) for i in range(3))
+                runs = [run(name, e, k, Path(tmp)) for k in range(seeds)]
+                med = tuple(statistics.median(col) for col in zip(*runs))
                 table[e].append(med)
-                row.extend(med)
-            out(f"{name:<32}" + "".join(f"{_fmt(x):>18}" for x in row), flush=True)
+                row.extend(cells(med))
+            out(f"{name:<32}" + "".join(f"{x:>18}" for x in row), flush=True)
     return table
+
+
+def measure(names: list, engines: list, examples: int, seeds: int = 1, out=print) -> dict:
+    """{engine: [(gen, report, shrunk) median over the seeds, per fault in names]}; each
+    fault's row is printed as it completes."""
+    return fault_table(
+        names, engines, seeds,
+        lambda name, e, k, tmp: detect(name, e, CHECK_SEED + k, examples, tmp),
+        lambda med: [_fmt(x) for x in med],
+        [f"{e} {k}" for e in engines for k in ("gen", "report", "shrunk")], out)
 
 
 def summary_lines(table: dict) -> list:
