@@ -22,7 +22,8 @@ def running_scheduler():
 
 def page0_free(s, r):
     alloc = s.token_to_kv_pool_allocator
-    alloc.free_pages = torch.cat((alloc.free_pages, torch.tensor([0], dtype=alloc.free_pages.dtype)))
+    alloc.free_pages = torch.cat((alloc.free_pages, torch.tensor([0], dtype=alloc.free_pages.dtype,
+                                                                device=alloc.free_pages.device)))
 
 
 def swap_offsets(s, r):                         # position 0 holds an index at offset 1
@@ -36,7 +37,7 @@ def two_pages_in_one_row_page(s, r):            # position 1 from the next page,
 
 
 def page0_owned(s, r):
-    s.req_to_token_pool.req_to_token[r.req_pool_idx, :P] = torch.arange(P)
+    s.req_to_token_pool.req_to_token[r.req_pool_idx, :P] = torch.arange(P, device=s.req_to_token_pool.req_to_token.device)
 
 
 def held_row_free(s, r):
