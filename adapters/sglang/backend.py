@@ -323,6 +323,8 @@ class SglangBackend:
     # -- the Backend protocol ---------------------------------------------------------
 
     def apply(self, op: O.Op) -> str:
+        if isinstance(op, (O.AbortQueued, O.PreAbort, O.AbortRunning)) and op.rid not in self.live:
+            return "refused"            # abort_request finds no request with this rid
         handler = getattr(self, "_op_" + op.name)
         out = handler(op)
         self._maybe_reap()
@@ -340,9 +342,7 @@ class SglangBackend:
         from sglang.srt.managers.io_struct import OpenSessionReqInput
         out = self.ctrl.open(OpenSessionReqInput(capacity_of_str_len=1 << 20,
                                                  session_id=self._sid(op.sid), streaming=True))
-        if not out.success:
-            raise RuntimeError(f"SessionController.open({op.sid}) refused")
-        return "ok"
+        return "ok" if out.success else "refused"   # "already exist, cannot open"
 
     def _op_submit_turn(self, op):
         """Scheduler.handle_generate_request, session branch."""
@@ -524,7 +524,10 @@ class SglangBackend:
     def _op_close_session(self, op):
         from sglang.srt.managers.io_struct import CloseSessionReqInput
         sid = self._sid(op.sid)
+        known = self.ctrl.get(sid) is not None
         self.ctrl.close(CloseSessionReqInput(session_id=sid))
+        if not known:                   # "session id ... does not exist, cannot delete"
+            return "refused"
         s = self.ctrl.get(sid)
         return "deferred" if s is not None and s.close_on_finish else "ok"
 
