@@ -129,6 +129,8 @@ def _draw_plain_config(d: Drawer, P: int, spec_enabled: bool, era, accept) -> Co
         overlap=boolean(d, "overlap"),
         era=era or d.choice(ERA_WEIGHTS, "era"),
         accept=tuple(accept),
+        need_sort=boolean(d, "need_sort"),
+        debug_mode=one_in(d, 4, "debug_mode"),
     )
 
 
