@@ -358,7 +358,9 @@ class SglangBackend:
         from sglang.srt.managers.schedule_batch import Req
         req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
         req.tokenizer = None
-        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}")
+        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}"
+                                  if session is not None else
+                                  f"Invalid request: session id {sid} does not exist")
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
         return "stub"
 
