@@ -31,7 +31,8 @@ class ImplBackend:
             spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device,
             swa_window=cfg.swa_window, swa_num_pages=cfg.swa_num_pages,
             swa_eviction_interval=cfg.swa_eviction_interval, mamba_slots=cfg.mamba_slots,
-            mamba_extra_buffer=cfg.mamba_extra_buffer)
+            mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
+            debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------
     def apply(self, op: ops.Op) -> str:

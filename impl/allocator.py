@@ -38,7 +38,8 @@ class BaseTokenToKVPoolAllocator:
 
     # -- state ---------------------------------------------------------------
     def clear(self) -> None:
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=I64, device=self.device)
+        first = 0 if "free_list_has_page_0" in faults.ACTIVE else 1
+        self.free_pages = torch.arange(first, self.num_pages + first, dtype=I64, device=self.device)
         self.release_pages = torch.empty(0, dtype=I64, device=self.device)
         self.free_group = None
 

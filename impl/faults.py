@@ -51,6 +51,21 @@ FAULTS: dict[str, str] = {
         "alloc_decode takes a new page when seq_len % P == 0 instead of 1: row/page congruence breaks",
     "queued_abort_keeps_inflight":
         "H5 unfixed: a queued abort of a streaming turn makes no session call; _inflight stays set",
+    "free_list_has_page_0":
+        "the allocator's clear() builds free_pages from page 0: the reserved padding page (dummy "
+        "writes of padded tokens) is handed out (C4)",
+    "finished_keys_past_committed":
+        "cache_finished_req keys the whole fill_ids instead of kv_committed_len: the last sampled "
+        "token, whose KV was never written, is inserted with its stale row entry (C4, C1)",
+    "free_keeps_req_pool_idx":
+        "ReqToTokenPool.free returns the row but leaves req.req_pool_idx set: a retracted request "
+        "still names the row it gave back (C5)",
+    "protected_len_unaligned":
+        "cache_unfinished_req sets cache_protected_len to the committed length, not len(new_indices) "
+        "(the page-aligned part the tree owns): the tail page counts as protected (L1)",
+    "unfinished_pops_committed":
+        "cache_unfinished_req reads the committed length through pop_committed_kv_cache, as "
+        "cache_finished_req does: a running request's committed KV is marked freed (D1, then E1)",
     # hybrid models (impl/swa.py, impl/mamba.py; docs/semantics.md "Hybrid models")
     "swa_free_skips_swa":
         "SWATokenToKVPoolAllocator.free releases only the full side: a free page still maps to SWA KV (I41, I40)",

@@ -10,6 +10,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from impl import faults
+
 from impl.device import resolve_device
 
 
@@ -45,7 +47,8 @@ class ReqToTokenPool:
     def free(self, req) -> None:
         assert req.req_pool_idx is not None, f"req {req.rid} frees no row"
         self.free_slots.append(req.req_pool_idx)
-        req.req_pool_idx = None
+        if "free_keeps_req_pool_idx" not in faults.ACTIVE:
+            req.req_pool_idx = None
 
     def write(self, row: int, start: int, values: torch.Tensor) -> None:
         self.req_to_token[row, start:start + len(values)] = values.to(torch.int32)

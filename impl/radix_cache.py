@@ -219,7 +219,8 @@ class RadixCache:
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         """Insert the page-aligned fill_ids[:end]; free duplicates; re-match; rewrite the
         row; move the lock; cache_protected_len = len(new_indices)."""
-        end = req.kv_committed_len
+        end = req.pop_committed_kv_cache() if "unfinished_pops_committed" in faults.ACTIVE \
+            else req.kv_committed_len
         token_ids = req.fill_ids[:end]
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :end].to(I64)
         n_keys = self.page_align_len(end)
@@ -236,7 +237,7 @@ class RadixCache:
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         req.last_node = new_last_node
-        req.cache_protected_len = len(new_indices)
+        req.cache_protected_len = end if "protected_len_unaligned" in faults.ACTIVE else len(new_indices)
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices):]))
 
     def _split_at_prompt(self, req, n_keys: int, kv: torch.Tensor) -> None:
@@ -250,6 +251,8 @@ class RadixCache:
         """Insert (or not) the page-aligned committed prefix, free duplicates and the
         unaligned tail [len(keys), committed), drop the request's lock."""
         committed = req.pop_committed_kv_cache()
+        if "finished_keys_past_committed" in faults.ACTIVE:
+            committed = len(req.fill_ids)
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed].to(I64)
         n_keys = self.page_align_len(committed)
         protected = req.cache_protected_len

@@ -1,6 +1,7 @@
 """Scheduler: the facade with one method per kvcheck operation.
 
-Each method returns an outcome string: "ok", "rejected", "oom", "deferred" or "stub".
+Each method returns an outcome string: "ok", "rejected", "oom", "deferred", "stub" or
+"refused" (a client request upstream turns down, nothing changed).
 It takes plain constructor arguments (impl/ does not import spec/).
 """
 from __future__ import annotations
@@ -99,6 +100,14 @@ class Scheduler:
             raise ValueError(f"req {rid} is {req.phase}, expected {'/'.join(phases)}")
         return req
 
+    def _abort_target(self, rid: int, *phases: str) -> Optional[Req]:
+        """`abort_request`'s lookup: None when no live request has this rid (it finished,
+        or never came); upstream then finds nothing and changes nothing."""
+        try:
+            return self._req(rid, *phases)
+        except KeyError:
+            return None
+
     def _extend_fits(self, start: int, end: int) -> bool:
         P = self.page_size
         new_pages = common.ceil_div(end, P) - common.ceil_div(start, P)
@@ -135,14 +144,14 @@ class Scheduler:
     # -- operations ---------------------------------------------------------------------
     @_borrow_synced
     def open_session(self, sid: int) -> str:
-        self.session_controller.open(sid)
-        return "ok"
+        # OpenSessionReqOutput(success=False) for an id already open
+        return "ok" if self.session_controller.open(sid) else "refused"
 
     @_borrow_synced
     def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int) -> str:
         session = self.session_controller.sessions.get(sid)
-        if session is None:
-            req = Req(rid, [0], max_new_tokens, session=None, streaming=True, rejected=True)
+        if session is None:             # "session id ... does not exist": a plain aborted Req
+            req = Req(rid, [0], max_new_tokens, session=None, streaming=False, rejected=True)
             req.to_finish = FINISH_ABORT
         else:
             req = session.create_req(rid, new_tokens, max_new_tokens)
@@ -322,7 +331,9 @@ class Scheduler:
 
     @_borrow_synced
     def abort_queued(self, rid: int) -> str:
-        req = self._req(rid, "queued")
+        req = self._abort_target(rid, "queued")
+        if req is None:
+            return "refused"
         session = req.session
         if session is not None and session.streaming:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
@@ -337,7 +348,9 @@ class Scheduler:
 
     @_borrow_synced
     def pre_abort(self, rid: int) -> str:
-        req = self._req(rid, "queued")
+        req = self._abort_target(rid, "queued")
+        if req is None:
+            return "refused"
         req.to_finish = FINISH_ABORT
         if not req.is_retracted:            # set_finish_with_abort: a one-token prompt
             req.origin_input_ids = [0]
@@ -345,7 +358,9 @@ class Scheduler:
 
     @_borrow_synced
     def abort_running(self, rid: int) -> str:
-        req = self._req(rid, "prefill", "decode")
+        req = self._abort_target(rid, "prefill", "decode")
+        if req is None:
+            return "refused"
         req.finished_reason = FINISH_ABORT
         session = req.session
         common.release_kv_cache(self, req)

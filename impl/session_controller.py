@@ -68,9 +68,7 @@ class SessionController:
         return True
 
     def _close(self, session_id: int) -> str:
-        session = self.sessions.get(session_id)
-        if session is None:
-            return "ok"
+        session = self.sessions[session_id]
         if session.streaming and session.inflight and "close_not_deferred" not in faults.ACTIVE:
             session.close_on_finish = True
             return "deferred"
@@ -82,6 +80,8 @@ class SessionController:
         return "ok"
 
     def close(self, session_id: int) -> str:
+        if session_id not in self.sessions:     # "session id ... does not exist, cannot delete"
+            return "refused"
         return self._close(session_id)
 
     def maybe_reap(self, session: Optional[Session]) -> None:

@@ -399,15 +399,15 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
     ops: list = []
     live = len(s.reqs)
     sids = range(1, sc.sessions + 1)
-    for sid in sids:
+    for sid in sids:        # a refused request (M.refused) changes nothing: not explored
         op = O.OpenSession(sid)
-        if M.enabled(s, op):
+        if M.enabled(s, op) and not M.refused(s, op):
             ops.append(op)
             if symmetric:
                 break
     for sid in sids:
         op = O.CloseSession(sid)
-        if M.enabled(s, op):
+        if M.enabled(s, op) and not M.refused(s, op):
             ops.append(op)
     if live < sc.max_live:
         taken = set(s.reqs) | {x.inflight_rid for x in s.sessions.values()}

@@ -36,6 +36,9 @@ MambaExtraBuffer = Literal["off", "eager", "lazy"]
 HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
                    "mamba_slots": 0, "mamba_extra_buffer": "off"}
 """The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
+ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
+"""The KV allocator's settings and the values traces written before them ran with: a
+trace omits them at these values."""
 
 
 class ConfigError(ValueError):
@@ -75,6 +78,15 @@ class Config:
     mamba_extra_buffer: MambaExtraBuffer = "off"
     """The ping-pong track buffers: `eager` allocates 2 slots under overlap (else 1) with
     the request's state, `lazy` allocates 1 and leaves the second -1 (the sentinel)."""
+    need_sort: bool = True
+    """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
+    and sorted into `free_pages` when an allocation runs short (upstream sets it under
+    PD disaggregation); False: freed pages go straight to the front of `free_pages` (the
+    default server). Page ids differ, ownership does not: the spec ignores it."""
+    debug_mode: bool = False
+    """`SGLANG_DEBUG_MEMORY_POOL`: the allocator asserts on every free (no duplicate page
+    in the free lists) and on each alloc's congruence; a violation is an exception (E1)
+    instead of the concrete check C2/C3 one step later. The spec ignores it."""
 
     def __post_init__(self) -> None:
         if isinstance(self.accept, list):       # from JSON
@@ -111,7 +123,7 @@ class Config:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for k, off in HYBRID_DEFAULTS.items():     # non-hybrid traces stay as they were
+        for k, off in {**HYBRID_DEFAULTS, **ALLOCATOR_DEFAULTS}.items():  # older traces stay as they were
             if d[k] == off:
                 del d[k]
         return d

@@ -886,8 +886,10 @@ def _retract(s: State, req: Req) -> None:
 
 
 def _submit_turn(s: State, op: O.SubmitTurn) -> str:
-    sess = s.sessions[op.sid]
-    if sess.close_pending:              # a closing session hands out a plain aborted request
+    sess = s.sessions.get(op.sid)
+    # handle_generate_request: a session not open ("session id ... does not exist") or
+    # closing ("close was requested") gets a plain aborted request
+    if sess is None or sess.close_pending:
         s.reqs[op.rid] = Req(op.rid, None, False, True, (0,), [], op.max_new_tokens, to_finish=True)
         return "stub"
     if sess.inflight_rid is not None:
@@ -937,28 +939,48 @@ def _fits_context(s: State, input_len: int, max_new: int) -> bool:
     return input_len + max_new + 2 * (s.cfg.max_drafts + 1) + 1 <= s.cfg.max_context_len
 
 
+CLIENT_ABORTS = (O.AbortQueued, O.PreAbort, O.AbortRunning)
+"""The three phases of upstream's one client abort (`Scheduler.abort_request`)."""
+
+
+def refused(s: State, op: O.Op) -> Optional[str]:
+    """Upstream's answer to a client request it receives but turns down, changing no
+    state: the outcome "refused", or None when op is not one of these. Opening a session
+    id already open (`SessionController.open`: "already exist, cannot open", success
+    False); closing one that is not open (`close`: "does not exist, cannot delete");
+    aborting a request that is not live (`abort_request` finds no such rid: it finished
+    or never came). A turn for a session that is not open is answered with an aborted
+    stub instead (`_submit_turn`)."""
+    if isinstance(op, O.OpenSession):
+        return "refused" if op.sid in s.sessions else None
+    if isinstance(op, O.CloseSession):
+        return "refused" if op.sid not in s.sessions else None
+    if isinstance(op, CLIENT_ABORTS):
+        return "refused" if op.rid not in s.reqs else None
+    return None
+
+
 def refusal(s: State, op: O.Op) -> Optional[str]:
-    """The guard of each operation (when upstream's scheduler could issue it): None when
-    op is enabled in s, else the reason the guard refuses it, naming the part that fails."""
+    """The guard of each operation (when upstream's scheduler could issue it, or a client
+    send it: `refused`): None when op is enabled in s, else the reason the guard refuses
+    it, naming the part that fails."""
     cfg = s.cfg
     rid = getattr(op, "rid", None)
     req = s.reqs.get(rid) if rid is not None else None
+    if refused(s, op):
+        return None
     if isinstance(op, O.OpenSession):
         return f"session {op.sid} is already in use" if _sid_in_use(s, op.sid) else None
     if isinstance(op, O.SubmitTurn):
         sess = s.sessions.get(op.sid)
-        if sess is None:
-            return f"session {op.sid} is not open"
         return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
-                or _context_refusal(s, len(sess.checkpoint) + len(op.new_tokens), op.max_new_tokens))
+                or _context_refusal(s, len(sess.checkpoint if sess else ()) + len(op.new_tokens),
+                                    op.max_new_tokens))
     if isinstance(op, O.SubmitRequest):
         return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens)
                 or _context_refusal(s, len(op.tokens), op.max_new_tokens))
     if isinstance(op, O.CloseSession):
-        sess = s.sessions.get(op.sid)
-        if sess is None:
-            return f"session {op.sid} is not open"
-        return f"session {op.sid} is already closing" if sess.close_pending else None
+        return None             # a closing session's close is deferred again (`_close`)
     if isinstance(op, O.Evict):
         return None if op.num_tokens >= 1 else "evict needs num_tokens >= 1"
     if req is None:
@@ -1038,6 +1060,9 @@ def step(s: State, op: O.Op) -> tuple[State, str]:
     """Apply an enabled op to a copy of s; returns (new state, outcome)."""
     if not enabled(s, op):
         raise ValueError(f"{op} is not enabled in this state")
+    answer = refused(s, op)
+    if answer:                          # turned down by upstream: nothing changes
+        return s.clone(), answer
     s = s.clone()
     req = s.reqs.get(getattr(op, "rid", None))
     if isinstance(op, O.OpenSession):

@@ -209,9 +209,12 @@ def cross_field_error(op: Op):
     return None
 
 
-OUTCOMES = ("ok", "rejected", "oom", "deferred", "stub")
+OUTCOMES = ("ok", "rejected", "oom", "deferred", "stub", "refused")
 """What applying an enabled op reports; spec and system under test must agree.
 ok: done. rejected: `schedule` admission refused (match ran). oom: `decode`,
 `spec_decode` or `prefill_chunk` found no KV after eviction (nothing changed).
 deferred: `close_session` while a turn is in flight. stub: `submit_turn` rejected by
-`create_req` (an aborted stub is queued)."""
+`create_req` (an aborted stub is queued), or for a session that is not open.
+refused: a client request upstream turns down without a change (`spec.model.refused`:
+open_session of an id in use, close_session of one not open, an abort of a request
+that is not live)."""

@@ -58,4 +58,8 @@ def test_planted_fault_trace_still_caught(path):
 
 
 def test_every_planted_fault_has_a_trace():
-    assert {p.stem for p in PLANTED} == set(faults.FAULTS)
+    """One trace per fault, `<fault>.json`; a further one (reaching another finding of the
+    same fault) is `<fault>-<what>.json`."""
+    named = {p: load(p).meta["planted_fault"] for p in PLANTED}
+    assert set(named.values()) == set(faults.FAULTS)
+    assert all(p.stem.split("-")[0] == fault for p, fault in named.items())

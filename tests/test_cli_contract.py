@@ -252,9 +252,7 @@ def test_hostile_trace_in_a_subprocess_under_a_memory_limit(tmp_path, name, cont
 
 @pytest.mark.parametrize("ops,config,reason", [
     ([op("decode", rid=3)], {}, "request 3 does not exist"),
-    ([op("submit_turn", sid=5, rid=1, new_tokens=[1], max_new_tokens=1)], {}, "session 5 is not open"),
-    ([op("close_session", sid=2)], {}, "session 2 is not open"),
-    ([op("open_session", sid=1), op("open_session", sid=1)], {}, "session 1 is already in use"),
+    ([op("queue_reject", rid=3)], {}, "request 3 does not exist"),
     ([op("submit_request", **SUBMIT), op("decode", rid=1)], {},
      "request 1 is queued, this operation needs it decode"),
     ([op("submit_request", **SUBMIT), op("submit_request", **SUBMIT)], {}, "request 1 already exists"),
@@ -267,6 +265,33 @@ def test_x1_names_the_refusing_guard(tmp_path, capsys, ops, config, reason):
     f.write_text(json.dumps(trace(ops=ops, config=config)))
     rc, out, err = run_main(capsys, ["replay", str(f), "--backend", "spec", "-q"])
     assert rc == 1 and "X1" in out and reason in out, out + err
+
+
+@pytest.mark.parametrize("ops,outcome", [
+    ([op("submit_turn", sid=5, rid=1, new_tokens=[1], max_new_tokens=1)], "stub"),
+    ([op("close_session", sid=2)], "refused"),
+    ([op("open_session", sid=1), op("open_session", sid=1)], "refused"),
+    ([op("abort_running", rid=4)], "refused"),
+    ([op("pre_abort", rid=4)], "refused"),
+    ([op("abort_queued", rid=4)], "refused"),
+])
+def test_client_requests_upstream_turns_down_are_answered_not_x1(ops, outcome):
+    """A client may send these; upstream answers (no change, or an aborted stub), and
+    impl/ must answer the same and change nothing else."""
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    from spec.config import Config
+    from spec.ops import op_from_json
+    cfg = Config()
+    res = run_ops(cfg, [op_from_json(o) for o in ops], ImplBackend(cfg), keep_records=True)
+    assert res.ok, res.failure.render()
+    last = res.records[-1]
+    assert last.outcome == last.backend_outcome == outcome
+    if outcome == "refused":            # nothing changed, on either side
+        from spec.model import initial_state
+        from spec.view import abstract
+        before = res.records[-2].spec_state if len(res.records) > 1 else abstract(initial_state(cfg))
+        assert last.spec_state == last.backend_state == before
 
 
 def test_refusal_and_enabled_agree_with_one_guard():

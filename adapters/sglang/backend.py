@@ -323,6 +323,8 @@ class SglangBackend:
     # -- the Backend protocol ---------------------------------------------------------
 
     def apply(self, op: O.Op) -> str:
+        if isinstance(op, (O.AbortQueued, O.PreAbort, O.AbortRunning)) and op.rid not in self.live:
+            return "refused"            # abort_request finds no request with this rid
         handler = getattr(self, "_op_" + op.name)
         out = handler(op)
         self._maybe_reap()
@@ -340,9 +342,7 @@ class SglangBackend:
         from sglang.srt.managers.io_struct import OpenSessionReqInput
         out = self.ctrl.open(OpenSessionReqInput(capacity_of_str_len=1 << 20,
                                                  session_id=self._sid(op.sid), streaming=True))
-        if not out.success:
-            raise RuntimeError(f"SessionController.open({op.sid}) refused")
-        return "ok"
+        return "ok" if out.success else "refused"   # "already exist, cannot open"
 
     def _op_submit_turn(self, op):
         """Scheduler.handle_generate_request, session branch."""
@@ -358,7 +358,9 @@ class SglangBackend:
         from sglang.srt.managers.schedule_batch import Req
         req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
         req.tokenizer = None
-        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}")
+        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}"
+                                  if session is not None else
+                                  f"Invalid request: session id {sid} does not exist")
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
         return "stub"
 
@@ -524,7 +526,10 @@ class SglangBackend:
     def _op_close_session(self, op):
         from sglang.srt.managers.io_struct import CloseSessionReqInput
         sid = self._sid(op.sid)
+        known = self.ctrl.get(sid) is not None
         self.ctrl.close(CloseSessionReqInput(session_id=sid))
+        if not known:                   # "session id ... does not exist, cannot delete"
+            return "refused"
         s = self.ctrl.get(sid)
         return "deferred" if s is not None and s.close_on_finish else "ok"
 

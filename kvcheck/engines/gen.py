@@ -129,6 +129,8 @@ def _draw_plain_config(d: Drawer, P: int, spec_enabled: bool, era, accept) -> Co
         overlap=boolean(d, "overlap"),
         era=era or d.choice(ERA_WEIGHTS, "era"),
         accept=tuple(accept),
+        need_sort=boolean(d, "need_sort"),
+        debug_mode=one_in(d, 4, "debug_mode"),
     )
 
 
@@ -190,19 +192,36 @@ def _pick(phases):
     return pick
 
 
+REFUSED_ONE_IN = 10
+"""A client request upstream turns down (`spec.model.refused`) or answers with a stub
+(a turn for a session that is not open) is drawn once in this many draws of its op."""
+
+
+def _refused(d: Drawer, label: str) -> bool:
+    return one_in(d, REFUSED_ONE_IN, label)
+
+
 def _open_session(c: Ctx, d: Drawer):
-    return O.OpenSession(c.fresh()) if len(c.state.sessions) < MAX_SESSIONS else None
+    sids = sorted(c.state.sessions)
+    if sids and _refused(d, "open_in_use"):     # success=False: the id is already open
+        return O.OpenSession(d.choice(sids, "sid"))
+    return O.OpenSession(c.fresh()) if len(sids) < MAX_SESSIONS else None
 
 
 def _submit_turn(c: Ctx, d: Drawer):
     s = c.state
-    if not s.sessions or not c.room():
+    if not c.room():
+        return None
+    P = c.cfg.page_size
+    if _refused(d, "no_session"):       # an aborted stub: the session id is not open
+        return O.SubmitTurn(c.fresh(), c.fresh(), draw_prompt(d, P, 1, 10, "new_tokens"),
+                            draw_length(d, P, 1, 10, "max_new_tokens"))
+    if not s.sessions:
         return None
     idle = sorted(x for x, v in s.sessions.items() if v.inflight_rid is None)
     # mostly a session that can take a turn; sometimes one in flight (create_req rejects it)
     pool = idle if idle and d.integer(0, 3, "idle") else sorted(s.sessions)
     sid = d.choice(pool, "sid")
-    P = c.cfg.page_size
     new = draw_prompt(d, P, 1, 10, "new_tokens")
     return O.SubmitTurn(sid, c.fresh(), new, draw_length(d, P, 1, 10, "max_new_tokens"))
 
@@ -232,6 +251,16 @@ def _rid_op(cls, *phases):
     return make
 
 
+def _abort_op(cls, *phases):
+    """A client abort: of a live request in `phases`, or sometimes of a rid that is not
+    live (`abort_request` finds nothing: refused)."""
+    live = _rid_op(cls, *phases)
+
+    def make(c: Ctx, d: Drawer):
+        return cls(c.fresh()) if _refused(d, "abort_gone") else live(c, d)
+    return make
+
+
 def _schedule(c: Ctx, d: Drawer):
     rid = _pick(("queued",))(c, d)
     return None if rid is None else O.Schedule(rid, d.choice((True, True, True, False), "admit"))
@@ -255,6 +284,8 @@ def _spec_decode(c: Ctx, d: Drawer):
 
 def _close_session(c: Ctx, d: Drawer):
     sids = sorted(c.state.sessions)
+    if sids and _refused(d, "close_unknown"):   # "does not exist, cannot delete"
+        return O.CloseSession(c.fresh())
     return O.CloseSession(d.choice(sids, "sid")) if sids else None
 
 
@@ -272,10 +303,10 @@ ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
     "decode": _decode,
     "spec_decode": _spec_decode,
     "finish": _rid_op(O.Finish, "decode"),
-    "abort_queued": _rid_op(O.AbortQueued, "queued"),
+    "abort_queued": _abort_op(O.AbortQueued, "queued"),
     "queue_reject": _rid_op(O.QueueReject, "queued"),
-    "pre_abort": _rid_op(O.PreAbort, "queued"),
-    "abort_running": _rid_op(O.AbortRunning, "prefill", "decode"),
+    "pre_abort": _abort_op(O.PreAbort, "queued"),
+    "abort_running": _abort_op(O.AbortRunning, "prefill", "decode"),
     "retract": _rid_op(O.Retract, "decode"),
     "close_session": _close_session,
     "evict": _evict,
