@@ -279,10 +279,14 @@ def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
     from adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
-    for i in range(30):
-        seq = walk(11, i, ImplBackend, "impl", Stats(), config_kw={"hybrid": True, "era": "borrow"})
+    swa = 0
+    for i in range(12):         # 48 steps each (a few seconds); the campaigns run more
+        seq = walk(11, i, ImplBackend, "impl", Stats(), config_kw={"hybrid": True, "era": "borrow"},
+                   length=48)
         assert seq.cfg.era == "borrow" and seq.cfg.hybrid
         assert seq.failure is None, seq.failure.render()
+        swa += bool(seq.cfg.swa_window)
+    assert swa >= 4
 
 
 # -- configuration --------------------------------------------------------------------
