@@ -48,12 +48,20 @@ def free_group(allocator):
         allocator.free_group_end()
 
 
-def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges) -> None:
+def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges, kv=None) -> None:
     """Borrow era (0.5.22+ `BasePrefixCache.free_kv_row`): give back ascending, disjoint,
     half-open row-position ranges of one row in one `allocator.free_segments` call, each
-    range from a page-aligned start (every caller here passes one range, as upstream's)."""
+    range from a page-aligned start (every caller here passes one range, as upstream's).
+    Under SWA, the record `kv` (request or slot) splits them (impl/swa.py
+    `free_kv_row_segments`)."""
     row = req_to_token_pool.req_to_token[pool_idx]
-    allocator.free_segments([(row[start:end], start) for start, end in ranges])
+    segments = [(row[start:end], start) for start, end in ranges]
+    if kv is not None and hasattr(allocator, "free_full_segments"):
+        from impl.swa import free_kv_row_segments, swa_dead_lo
+        free_kv_row_segments(allocator, segments, swa_evicted_seqlen=kv.swa_evicted_seqlen,
+                             swa_dead_lo=swa_dead_lo(kv, allocator.page_size))
+        return
+    allocator.free_segments(segments)
 
 
 def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.Tensor]:
@@ -168,7 +176,7 @@ def release_kv_cache(sched, req: Req, is_insert: bool = True, retract: bool = Fa
         start_p = ceil_align(start_p, sched.page_size)
     if start_p < end_p and sched.era == "borrow":       # _release_overallocated_kv_indices
         free_kv_row(sched.req_to_token_pool, sched.token_to_kv_pool_allocator,
-                    req.req_pool_idx, [(start_p, end_p)])
+                    req.req_pool_idx, [(start_p, end_p)], kv=req)
     elif start_p < end_p:
         sched.token_to_kv_pool_allocator.free(
             sched.req_to_token_pool.req_to_token[req.req_pool_idx, start_p:end_p])

@@ -81,6 +81,15 @@ FAULTS: dict[str, str] = {
         "the first-turn mid-abort's ephemeral slot is built without the request's Mamba refs: they are orphaned (I44)",
     "lazy_track_frees_sentinel":
         "0.5.15 _free_slot_mamba frees the whole lazy track buffer: the -1 sentinel enters the free list (I44)",
+    # borrow era (0.5.23) hybrid rules
+    "swa_evict_step_count":
+        "0.5.23 SWA eviction on 0.5.15's step count (forward_iter % interval) instead of the distance rule (D1)",
+    "swa_keep_not_ceil_aligned":
+        "0.5.23 free_swa_out_of_window_slots keeps max(window, P) instead of ceil_align(max(window, P), P) (D1)",
+    "swa_dead_lo_zero":
+        "0.5.23 free_swa_out_of_window_slots starts at the cursor, not max(cursor, swa_dead_lo): tree-owned SWA KV freed",
+    "swa_dead_range_past_cursor":
+        "0.5.23 free_kv_row_segments ends the full-side-only range a page past swa_evicted_seqlen: live SWA KV leaks (E1: swa.peer_released)",
 }
 
 ACTIVE: set[str] = set()

@@ -21,7 +21,8 @@ from impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from impl.session_controller import SessionController
 from impl.mamba import HybridReqToTokenPool
 from impl.streaming_session import StreamingSession
-from impl.swa import SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots, swa_lock_boundary
+from impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
+                      swa_eviction_due, swa_lock_boundary)
 
 ERAS = ("wrapper", "borrow")
 
@@ -279,7 +280,7 @@ class Scheduler:
         if not self.swa_window:
             return
         self.forward_iter += 1
-        if req.decode_batch_idx >= 1 and (self.forward_iter - 1) % self.swa_eviction_interval == 0:
+        if req.decode_batch_idx >= 1 and self._swa_evict_due(req):
             pre_len = req.seqlen - 1
             if "swa_evict_frees_past_cursor" in faults.ACTIVE:
                 pre_len += self.page_size
@@ -287,10 +288,17 @@ class Scheduler:
             free_swa_out_of_window_slots(
                 req, pre_len, sliding_window_size=self.swa_window, page_size=self.page_size,
                 req_to_token_pool=self.req_to_token_pool,
-                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator)
+                token_to_kv_pool_allocator=self.token_to_kv_pool_allocator, era=self.era)
             if "swa_evict_frees_past_cursor" in faults.ACTIVE and req.swa_evicted_seqlen > old:
                 req.swa_evicted_seqlen -= self.page_size
         req.decode_batch_idx += 1
+
+    def _swa_evict_due(self, req: Req) -> bool:
+        """0.5.15: a maintenance step (`forward_iter % interval`); 0.5.23
+        (`_swa_eviction_trigger`): `interval` tokens slid out of the window past the cursor."""
+        if self.era == "borrow" and "swa_evict_step_count" not in faults.ACTIVE:
+            return swa_eviction_due(req, self.swa_window, self.swa_eviction_interval)
+        return (self.forward_iter - 1) % self.swa_eviction_interval == 0
 
     def _check_finished(self, req: Req) -> None:
         """check_finished in the result processing: max_new_tokens reached -> finish now."""

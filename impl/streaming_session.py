@@ -245,6 +245,7 @@ class StreamingSession:
                 slot.kv_committed_len = req.kv_committed_len
                 slot.kv_allocated_len = req.kv_allocated_len
                 slot.cache_protected_len = req.cache_protected_len
+                slot.swa_evicted_seqlen = req.swa_evicted_seqlen    # component_evicted_seqlens
 
     def _checkpoint_borrow(self, req: Req, chunked: bool) -> bool:
         """Borrow era checkpoint_kv_cache for a streaming turn: while its slot publishes
@@ -311,7 +312,7 @@ class StreamingSession:
             start, end = slot.cache_protected_len, slot.kv_allocated_len
             if self.era == "borrow":        # 0.5.22+: free_kv_row, even an empty range
                 free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator,
-                            slot.req_pool_idx, [(start, end)])
+                            slot.req_pool_idx, [(start, end)], kv=slot)
             elif start < end:
                 kv = self.req_to_token_pool.req_to_token[slot.req_pool_idx, start:end]
                 self.token_to_kv_pool_allocator.free(kv)
@@ -351,7 +352,7 @@ class StreamingSession:
 
     # -- internal helpers ----------------------------------------------------------------
     def _free_tail(self, slot: SessionSlot, req: Req, prefix_len: int) -> None:
-        self._free_kv_aligned(slot.req_pool_idx, prefix_len, slot.kv_allocated_len)
+        self._free_kv_aligned(slot.req_pool_idx, prefix_len, slot.kv_allocated_len, kv=slot)
         if "free_tail_slot_untouched" not in faults.ACTIVE:
             slot.kv_allocated_len = prefix_len
             slot.kv_committed_len = min(slot.kv_committed_len, prefix_len)
@@ -369,13 +370,13 @@ class StreamingSession:
 
     def _trim_overshoot(self, req: Req, finished_len: int) -> None:
         target = self._swa_aligned_rewind(req, len(req.origin_input_ids) + finished_len)
-        self._free_kv_aligned(req.req_pool_idx, target, req.kv_allocated_len)
+        self._free_kv_aligned(req.req_pool_idx, target, req.kv_allocated_len, kv=req)
         req.kv_allocated_len = min(req.kv_allocated_len, target)
         req.kv_committed_len = min(req.kv_committed_len, target)
         req.swa_evicted_seqlen = min(req.swa_evicted_seqlen, target)
         req.output_ids = req.output_ids[:finished_len]
 
-    def _free_kv_aligned(self, pool_idx: int, target: int, end: int) -> None:
+    def _free_kv_aligned(self, pool_idx: int, target: int, end: int, kv=None) -> None:
         if end <= target:
             return
         start = target
@@ -383,7 +384,7 @@ class StreamingSession:
             start = ceil_align(start, self.page_size)
         if start < end and self.era == "borrow":
             free_kv_row(self.req_to_token_pool, self.token_to_kv_pool_allocator, pool_idx,
-                        [(start, end)])
+                        [(start, end)], kv=kv)
         elif start < end:
             self.token_to_kv_pool_allocator.free(self.req_to_token_pool.req_to_token[pool_idx, start:end])
 

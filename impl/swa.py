@@ -113,6 +113,25 @@ class SWATokenToKVPoolAllocator:
         if "swa_mapping_kept" not in faults.ACTIVE:
             self.full_to_swa_index_mapping[idx] = 0
 
+    # -- segment frees (0.5.22+, `free_kv_row` -> `free_kv_row_segments`) -------------
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        assert start_pos % self.page_size == 0, f"segment start {start_pos} is not page-aligned"
+        self.free_swa(free_index)
+
+    def free_segments(self, segments) -> None:
+        """Both sides, SWA first (it reads the mapping)."""
+        for free_index, start_pos in segments:
+            self.free_swa_segment(free_index, start_pos=start_pos)
+        self.full_attn_allocator.free_segments(segments)
+
+    def free_full_segments(self, segments) -> None:
+        """The full side alone, for row positions whose SWA KV the window already freed;
+        upstream `expect`s their mapping 0 (`swa.peer_released`)."""
+        for free_index, _ in segments:
+            assert bool((self.full_to_swa_index_mapping[free_index.to(I64)] == 0).all()), \
+                "free_full_segment: SWA peer not released (caller wants free_segment)"
+        self.full_attn_allocator.free_segments(segments)
+
     def swa_page_of(self, page: int) -> int:
         """The SWA page mapped from full page `page` (0: none), read at its first index."""
         return int(self.full_to_swa_index_mapping[page * self.page_size].item()) // self.page_size
@@ -124,14 +143,39 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.free_group_end()
 
 
+def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int) -> bool:
+    """Borrow era (0.5.23 `ScheduleBatch._swa_eviction_trigger`): `eviction_interval`
+    tokens have slid out of the window past the cursor."""
+    return req.seqlen - 1 - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
+
+
+def swa_dead_lo(req, page_size: int) -> int:
+    """Borrow era `ReqKvInfo.swa_dead_lo`: max(cache_protected_len, swa_evict_floor),
+    page-aligned upward when above the protected prefix (swa_evict_floor is 0 here:
+    `prefill_aware_swa` off)."""
+    lo = max(req.cache_protected_len, getattr(req, "swa_evict_floor", 0))
+    if page_size > 1 and lo > req.cache_protected_len:
+        lo = -(-lo // page_size) * page_size
+    return lo
+
+
 def free_swa_out_of_window_slots(req, pre_len: int, *, sliding_window_size: int, page_size: int,
-                                 req_to_token_pool, token_to_kv_pool_allocator) -> None:
+                                 req_to_token_pool, token_to_kv_pool_allocator,
+                                 era: str = "wrapper") -> None:
     """Radix cache: free the SWA KV of `[swa_evicted_seqlen, new)` where `new =
-    max(cursor, pre_len - max(window, P))`, page-floored; never below cache_protected_len."""
+    max(cursor, pre_len - keep)`, page-floored; never below cache_protected_len. 0.5.15
+    keeps `max(window, P)`; 0.5.23 keeps `ceil_align(max(window, P), P)` and starts at
+    `swa_dead_lo` (the caller checked `swa_eviction_due`)."""
     assert req.cache_protected_len % page_size == 0, "cache_protected_len must be page aligned"
-    req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
+    if era == "borrow":
+        lo = 0 if "swa_dead_lo_zero" in faults.ACTIVE else swa_dead_lo(req, page_size)
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, lo)
+    else:
+        req.swa_evicted_seqlen = max(req.swa_evicted_seqlen, req.cache_protected_len)
     margin = sliding_window_size if "swa_window_no_page_margin" in faults.ACTIVE else \
         max(sliding_window_size, page_size)
+    if era == "borrow" and "swa_keep_not_ceil_aligned" not in faults.ACTIVE:
+        margin = -(-margin // page_size) * page_size
     new = max(req.swa_evicted_seqlen, pre_len - margin)
     if page_size > 1:
         new = (new // page_size) * page_size
@@ -139,6 +183,35 @@ def free_swa_out_of_window_slots(req, pre_len: int, *, sliding_window_size: int,
         token_to_kv_pool_allocator.free_swa(
             req_to_token_pool.req_to_token[req.req_pool_idx, req.swa_evicted_seqlen:new])
         req.swa_evicted_seqlen = new
+
+
+def free_kv_row_segments(allocator, segments, *, swa_evicted_seqlen: int, swa_dead_lo: int = 0) -> None:
+    """Borrow era (0.5.23 `mem_cache/common.py`): ascending disjoint `(kv_indices,
+    start_pos)` segments of one row; `[swa_dead_lo, swa_evicted_seqlen)` goes back
+    full-side only, the rest through `free_segments`; the cursor must be page-aligned
+    when a row has both parts."""
+    dead_lo, dead_hi = swa_dead_lo, max(swa_evicted_seqlen, swa_dead_lo)
+    if "swa_dead_range_past_cursor" in faults.ACTIVE:
+        dead_hi += allocator.page_size
+    dead, alive = [], []
+    for kv, start in segments:
+        end = start + kv.numel()
+        lo, hi = min(max(dead_lo, start), end), min(max(dead_hi, start), end)
+        if hi <= lo:
+            alive.append((kv, start))
+            continue
+        dead.append((kv[lo - start:hi - start], lo))
+        if lo > start:
+            alive.append((kv[:lo - start], start))
+        if end > hi:
+            alive.append((kv[hi - start:], hi))
+    if dead and alive:
+        assert swa_evicted_seqlen % allocator.page_size == 0, (
+            f"SWA eviction cursor {swa_evicted_seqlen} splits a page (page_size {allocator.page_size})")
+    if dead:
+        allocator.free_full_segments(dead)
+    if alive:
+        allocator.free_segments(alive)
 
 
 class SWARadixCache(RadixCache):

@@ -25,8 +25,9 @@ def release_era(name: str):
 def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     """The generators' configuration constraints for a backend (gen.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
-    Mamba pool on the wrapper era only, without the lazy track buffer whose candidate
-    finding M1 is recorded: docs/upstream-findings.md; SWA on no release)."""
+    Mamba pool on the wrapper era only, without the lazy track buffer, whose finding M1
+    is checked by its trace (docs/upstream-findings.md); SWA on no release: its tree is
+    not driven, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:

@@ -108,6 +108,16 @@ its state and a lazy track entry, so the 3-slot Mamba pool never admits two requ
 once: no node is locked twice). ~8 s on one loaded core."""
 
 
+HYBRID_BORROW_SCOPE = _scope(
+    "hybrid-borrow", dict(page_size=2, num_pages=8, num_rows=2, max_context_len=32, era="borrow",
+                          swa_window=3, swa_num_pages=7, mamba_slots=3, mamba_extra_buffer="eager"),
+    sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2, 2, 2),), max_new=(6,),
+    evict=(2,), max_depth=10, out_of_reach=("shared_lock",))
+"""Borrow-era (0.5.23) hybrid rules: a 3-token window on 2-token pages, so 0.5.23's
+`ceil_align(max(window, P), P)` keep and the distance trigger differ from 0.5.15's; a turn
+on its slot's record; Mamba state and one eager track entry per request."""
+
+
 PRESETS: dict[str, tuple] = {
     # `make check`: three scopes (the second covers spec decode, borrow era and chunking, the
     # third hybrid models); ~20 s + ~8 s on one core.
@@ -124,7 +134,7 @@ PRESETS: dict[str, tuple] = {
         HYBRID_SCOPE,
     ),
     # hybrid models (spec/hybrid.py) alone
-    "hybrid": (HYBRID_SCOPE,),
+    "hybrid": (HYBRID_SCOPE, HYBRID_BORROW_SCOPE),
     # the tests' scope: small enough that the unreduced run finishes too
     "tiny": (
         _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),

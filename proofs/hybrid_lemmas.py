@@ -10,13 +10,16 @@ from __future__ import annotations
 import z3
 
 from proofs.symexec import REAL, Module
-from spec.hybrid import swa_evict_target
+from spec.fields import MAX_PAGE_SIZE
+from spec.hybrid import swa_evict_target, swa_evict_target_borrow, swa_keep
 
-HYB = Module({"swa_evict_target": swa_evict_target}, name="spec.pages + swa_evict_target")
+HYB = Module({"swa_evict_target": swa_evict_target, "swa_keep": swa_keep,
+              "swa_evict_target_borrow": swa_evict_target_borrow},
+             name="spec.pages + spec.hybrid's window arithmetic")
 
 
-def _hyb(label: str, mutant) -> tuple:
-    return label, Module({"swa_evict_target": mutant}, name=label)
+def _hyb(label: str, mutant, name: str = "swa_evict_target") -> tuple:
+    return label, Module({"swa_keep": swa_keep, name: mutant}, name=label)
 
 
 def _on_hyb(build):
@@ -50,6 +53,34 @@ def swa_window_progress_lemma(M):
     t = pre - zmax(w, p)
     goal = z3.Implies(ev <= t, t - new < p)
     return [p >= 1, w >= 1, ev >= 0, ev <= pre, is_mult(ev, p)], goal
+
+
+def swa_window_borrow_lemma(M):
+    """Borrow era (0.5.23), when the cursor moves: it moves to a page boundary within
+    pre_len, and a key that ends at page_floor(pre_len) keeps at least `window` tokens of
+    live SWA behind it (why 0.5.23 keeps `ceil_align(max(window, P), P)`: with 0.5.15's
+    `max(window, P)` a window that is not a multiple of P loses up to P - 1 of them).
+    For each page size of Config's range, as its own linear case (a symbolic P makes the
+    two floors and the ceil nonlinear, which z3 does not settle in a minute)."""
+    from proofs.lemmas import S, is_mult, zmax
+    ev, pre, w, p = z3.Ints("evicted pre_len window P")
+
+    def case(k):
+        new = S(M, "swa_evict_target_borrow", ev, pre, w, k)
+        moved = new > ev
+        key_end = S(M, "floor_align", pre, k)
+        return z3.And(z3.Implies(moved, z3.And(is_mult(new, k), key_end - new >= w)),
+                      zmax(ev, new) <= pre)
+    goal = z3.And([z3.Implies(p == k, case(k)) for k in range(1, MAX_PAGE_SIZE + 1)])
+    return [p >= 1, p <= MAX_PAGE_SIZE, w >= 1, ev >= 0, ev <= pre], goal
+
+
+def _m_borrow_as_0515(evicted, pre_len, window, p):
+    return floor_align(max(evicted, pre_len - max(window, p)), p)  # noqa: F821
+
+
+def _m_borrow_window_only(evicted, pre_len, window, p):
+    return floor_align(max(evicted, pre_len - window), p)  # noqa: F821
 
 
 def _m_no_page_floor(evicted, pre_len, window, p):
@@ -88,4 +119,9 @@ def make_hybrid_lemmas(Lemma) -> list:
         Lemma("SWA window: the frontier reaches the last whole page out of the window",
               _on_hyb(swa_window_progress_lemma),
               [_hyb("one page short", _m_no_progress)]),
+        Lemma("SWA window (0.5.23): a page-floored key keeps a whole window of live SWA",
+              _on_hyb(swa_window_borrow_lemma),
+              [_hyb("0.5.15's keep max(window, P)", _m_borrow_as_0515, "swa_evict_target_borrow"),
+               _hyb("keep the window alone", _m_borrow_window_only,
+                    "swa_evict_target_borrow")]),
     ]

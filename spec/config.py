@@ -141,9 +141,6 @@ class Config:
 
 def _hybrid_error(cfg: "Config") -> Optional[str]:
     """Why the hybrid fields of cfg cannot run together, or None."""
-    if cfg.hybrid and cfg.era != "wrapper":
-        return (f"config.era {cfg.era!r} with swa_window/mamba_slots: hybrid models are "
-                "modelled for the wrapper era (sglang 0.5.15) only; use era 'wrapper'")
     if not cfg.swa_window and cfg.swa_num_pages is not None:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
     if not cfg.mamba_slots and cfg.mamba_extra_buffer != "off":

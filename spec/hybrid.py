@@ -1,4 +1,6 @@
-"""Hybrid models: the SWA KV pool and the Mamba state pool (sglang 0.5.15, wrapper era).
+"""Hybrid models: the SWA KV pool and the Mamba state pool (sglang 0.5.15, wrapper era, and
+0.5.23, borrow era: the functions marked "borrow era" are 0.5.23's rules, chosen by
+`config.era`).
 
 Each function is one upstream rule (docs/semantics.md, "Hybrid models", cites them);
 spec/model.py calls them from short hooks. With `config.swa_window == 0` and
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 
-from spec.pages import floor_align, row_pages
+from spec.pages import ceil_align, floor_align, row_pages
 from spec.state import Req, Slot, State
 
 EMPTY_TRACK = -1
@@ -40,6 +42,45 @@ def swa_evict_target(evicted: int, pre_len: int, window: int, p: int) -> int:
     """
     new = max(evicted, pre_len - max(window, p))
     return floor_align(new, p) if p > 1 else new
+
+
+def swa_keep(window: int, p: int) -> int:
+    """Borrow era (0.5.23 `free_swa_out_of_window_slots`, prefix-sharing cache): the tokens
+    kept behind pre_len, `ceil_align(max(window, P), P)`, so a key ending at
+    page_floor(pre_len) still has a whole window of live SWA."""
+    return ceil_align(max(window, p), p)
+
+
+def swa_dead_lo(protected: int, swa_evict_floor: int, p: int) -> int:
+    """Borrow era `ReqKvInfo.swa_dead_lo`: the lowest SWA position a request may free
+    itself, above the tree-owned prefix and the eviction shield `swa_evict_floor`
+    (page-aligned upward). kvcheck's floor is 0 (`prefill_aware_swa` off), so it is
+    cache_protected_len.
+    pre: p >= 1
+    pre: protected % p == 0
+    post: __return__ >= protected
+    post: __return__ % p == 0
+    """
+    lo = max(protected, swa_evict_floor)
+    return ceil_align(lo, p) if p > 1 and lo > protected else lo
+
+
+def swa_evict_due(cursor: int, pre_len: int, window: int, interval: int) -> bool:
+    """Borrow era `_swa_eviction_trigger`: evict once `interval` tokens have slid out of the
+    window past the cursor (`pre_len - window >= cursor + interval`), a distance, not
+    0.5.15's step count (`forward_iter % interval`)."""
+    return pre_len - window >= cursor + interval
+
+
+def swa_evict_target_borrow(evicted: int, pre_len: int, window: int, p: int) -> int:
+    """Borrow era: `max(evicted, pre_len - ceil_align(max(window, P), P))`, page-floored.
+    pre: p >= 1
+    pre: window >= 1
+    pre: 0 <= evicted <= pre_len
+    post: __return__ <= pre_len
+    post: __return__ <= evicted or __return__ % p == 0
+    """
+    return floor_align(max(evicted, pre_len - swa_keep(window, p)), p)
 
 
 def swa_on(s: State) -> bool:
@@ -108,6 +149,9 @@ def free_swa_out_of_window_slots(s: State, req: Req) -> None:
     which free SWA page ids the allocation draws differs, which canonical renaming hides)."""
     if not swa_on(s):
         return
+    if s.cfg.era == "borrow":
+        _free_swa_out_of_window_borrow(s, req)
+        return
     s.forward_iter += 1
     if req.decode_batch_idx < 1 or (s.forward_iter - 1) % s.cfg.swa_eviction_interval:
         return
@@ -118,6 +162,47 @@ def free_swa_out_of_window_slots(s: State, req: Req) -> None:
         row = s.rows[req.row]
         free_swa(s, [row[k] for k in row_pages(req.swa_evicted_seqlen, new, P)])
         req.swa_evicted_seqlen = new
+
+
+def _free_swa_out_of_window_borrow(s: State, req: Req) -> None:
+    """Borrow era (0.5.23 `maybe_evict_swa` -> `evict_sliding_windows` ->
+    `free_swa_out_of_window_slots`, radix cache): from the second decode batch, once the
+    distance rule is due, the cursor is raised to `swa_dead_lo` and `[cursor, new)` is
+    freed SWA-side, keeping `ceil_align(max(window, P), P)` tokens behind pre_len."""
+    pre_len, window, P = req.seqlen - 1, s.cfg.swa_window, s.cfg.page_size
+    if req.decode_batch_idx < 1 or not swa_evict_due(
+            req.swa_evicted_seqlen, pre_len, window, s.cfg.swa_eviction_interval):
+        return
+    evicted = max(req.swa_evicted_seqlen, swa_dead_lo(req.protected, 0, P))
+    req.swa_evicted_seqlen = evicted
+    new = swa_evict_target_borrow(evicted, pre_len, window, P)
+    if new > evicted:
+        row = s.rows[req.row]
+        free_swa(s, [row[k] for k in row_pages(evicted, new, P)])
+        req.swa_evicted_seqlen = new
+
+
+def swa_dead_pages(s: State, holder, start: int, end: int) -> set:
+    """Borrow era `free_kv_row_segments`: the row-page indices of `[start, end)` inside
+    `[swa_dead_lo, swa_evicted_seqlen)`, which go back full-side only
+    (`free_full_segments`); the rest go through `free_segments` (both sides). Empty in
+    the wrapper era or without SWA. Upstream asserts the cursor page-aligned when a range
+    has both parts (the rewinds above keep it so)."""
+    if not swa_on(s) or s.cfg.era != "borrow":
+        return set()
+    P = s.cfg.page_size
+    lo = swa_dead_lo(holder.protected, 0, P)
+    hi = max(holder.swa_evicted_seqlen, lo)
+    lo, hi = max(lo, start), min(hi, end)
+    return set(row_pages(lo, hi, P)) if lo < hi else set()
+
+
+def sync_borrowed(slot: Slot, req: Req, acting: bool) -> None:
+    """Borrow era: the turn runs on the slot's record (`req.kv is slot.kv`), whose
+    `component_evicted_seqlens` and Mamba refs are one; the acting turn wrote them last."""
+    if acting:
+        slot.swa_evicted_seqlen = req.swa_evicted_seqlen
+    req.swa_evicted_seqlen = slot.swa_evicted_seqlen
 
 
 def decode_batch_done(req: Req) -> None:
@@ -134,7 +219,8 @@ def note_swa_lock(s: State, req: Req) -> None:
 
 
 def clamp_swa_evicted(holder, n: int) -> None:
-    """`_free_tail` / `_trim_overshoot`: `swa_evicted_seqlen = min(swa_evicted_seqlen, n)`."""
+    """`_free_tail` / `_trim_overshoot`: `swa_evicted_seqlen = min(swa_evicted_seqlen, n)`
+    (0.5.23: `ReqKvInfo.clamp_evicted_seqlens(n)` over `component_evicted_seqlens`)."""
     holder.swa_evicted_seqlen = min(holder.swa_evicted_seqlen, n)
 
 
@@ -221,6 +307,13 @@ def alloc_mamba(s: State, req: Req) -> None:
         req.mamba_ping_pong_track_buffer = tuple(got) + (EMPTY_TRACK,) * (size - len(got))
 
 
+def mamba_ping_pong_empty(holder) -> list:
+    """0.5.23 `ReqKvInfo.mamba_ping_pong_empty`: per track-buffer entry, True where it holds
+    no slot (the spec keeps 0.5.15's -1 in the entry and derives the flags)."""
+    buf = holder.mamba_ping_pong_track_buffer
+    return None if buf is None else [m == EMPTY_TRACK for m in buf]
+
+
 def mamba_refs(holder) -> tuple:
     """The Mamba pool entries a request or slot holds: its state, then its track buffer."""
     out = () if holder.mamba_pool_idx is None else (holder.mamba_pool_idx,)
@@ -241,8 +334,11 @@ def free_mamba(s: State, holder) -> None:
     """`free_mamba_cache` (a request) / `_free_slot_mamba` (a slot): the state and the
     allocated track entries return to the pool. FIX (0.5.23 `mamba_ping_pong_empty`):
     a lazy buffer's -1 entry is skipped; 0.5.15's `_free_slot_mamba` frees it too."""
-    for m in mamba_refs(holder):
-        if m != EMPTY_TRACK:
+    if holder.mamba_pool_idx is not None:
+        s.mamba_free_slots.append(holder.mamba_pool_idx)
+    buf = holder.mamba_ping_pong_track_buffer or ()
+    for m, empty in zip(buf, mamba_ping_pong_empty(holder) or ()):
+        if not empty:
             s.mamba_free_slots.append(m)
     holder.mamba_pool_idx = None
     holder.mamba_ping_pong_track_buffer = None

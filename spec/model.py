@@ -49,21 +49,25 @@ def _alloc_pages(s: State, n: int):
     return taken
 
 
-def _free_pages(s: State, pages) -> None:
+def _free_pages(s: State, pages, full_only=()) -> None:
     """`free`: unique pages of one call return to the free list (a second call on the
-    same page frees it again: the multiset shows it)."""
+    same page frees it again: the multiset shows it). `full_only`: pages whose SWA side
+    is not freed (0.5.23 `free_full_segments`)."""
     if any(p is None for p in pages):
         raise ModelError("free of a row position that holds no KV index")
     for p in sorted(set(pages)):
         bisect.insort(s.free_pages, p)
         s.content.pop(p, None)
-    hybrid.free_swa(s, pages)
+    hybrid.free_swa(s, [p for p in pages if p not in full_only])
 
 
-def _free_row_range(s: State, row: int, start: int, end: int) -> None:
-    """`free(req_to_token[row, start:end])`: frees every page the range touches."""
+def _free_row_range(s: State, row: int, start: int, end: int, holder=None) -> None:
+    """`free(req_to_token[row, start:end])`: frees every page the range touches. With the
+    record `holder` (borrow era `free_kv_row`): its SWA-dead pages go back full-side only."""
     r = s.rows[row]
-    _free_pages(s, [r[k] for k in row_pages(start, end, s.cfg.page_size)])
+    dead = hybrid.swa_dead_pages(s, holder, start, end) if holder is not None else ()
+    _free_pages(s, [r[k] for k in row_pages(start, end, s.cfg.page_size)],
+                full_only={r[k] for k in dead})
 
 
 def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
@@ -367,14 +371,16 @@ def _aliases_arrays(s: State) -> bool:
     return accepts(s, "U1") or accepts(s, "U2")
 
 
-def _free_kv_aligned(s: State, row: int, target: int, end: int) -> None:
+def _free_kv_aligned(s: State, row: int, target: int, end: int, holder=None) -> None:
     """Free row[ceil_align(target):end): the partial page stays attached."""
     r = s.rows[row]
-    _free_pages(s, [r[k] for k in free_kv_aligned_pages(target, end, s.cfg.page_size)])
+    pages = free_kv_aligned_pages(target, end, s.cfg.page_size)
+    dead = hybrid.swa_dead_pages(s, holder, 0, end) if holder is not None else ()
+    _free_pages(s, [r[k] for k in pages], full_only={r[k] for k in dead if k in pages})
 
 
 def _free_tail(s: State, slot: Slot, req: Req, prefix_len: int) -> None:
-    _free_kv_aligned(s, slot.row, prefix_len, slot.allocated)
+    _free_kv_aligned(s, slot.row, prefix_len, slot.allocated, holder=slot)
     slot.allocated = prefix_len
     slot.committed = min(slot.committed, prefix_len)
     req.allocated = prefix_len
@@ -385,7 +391,7 @@ def _free_tail(s: State, slot: Slot, req: Req, prefix_len: int) -> None:
 
 def _trim_overshoot(s: State, req: Req, finished_len: int) -> None:
     target = hybrid.swa_aligned_rewind(s, req, len(req.origin) + finished_len)
-    _free_kv_aligned(s, req.row, target, req.allocated)
+    _free_kv_aligned(s, req.row, target, req.allocated, holder=req)
     req.allocated = min(req.allocated, target)
     req.committed = min(req.committed, target)
     hybrid.clamp_swa_evicted(req, target)
@@ -427,7 +433,7 @@ def release_session(s: State, sid: int) -> None:
     dec_lock_ref(s, slot.last_node)
     if slot.row is not None:
         if slot.protected < slot.allocated:
-            _free_row_range(s, slot.row, slot.protected, slot.allocated)
+            _free_row_range(s, slot.row, slot.protected, slot.allocated, holder=slot)
         s.free_rows.append(slot.row)
     hybrid.free_mamba(s, slot)          # `_free_slot_mamba` (H7, #23496)
 
@@ -567,7 +573,7 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
     cache_finished_req_inner(s, req, is_insert)
     start = ceil_align(req.committed, s.cfg.page_size)
     if start < req.allocated:
-        _free_row_range(s, req.row, start, req.allocated)
+        _free_row_range(s, req.row, start, req.allocated, holder=req)
     req.overallocated_freed = True
     hybrid.free_mamba(s, req)           # `free_mamba_cache`: the tree keeps no Mamba state
     s.free_rows.append(req.row)
@@ -716,9 +722,11 @@ def _sync_borrowed(s: State, acting=None) -> None:
         if slot is not None and r.row is not None and r.row == slot.row:
             if r.rid == acting:
                 slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
+                hybrid.sync_borrowed(slot, r, acting=True)
             borrowers.append((r, slot))
     for r, slot in borrowers:
         r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
+        hybrid.sync_borrowed(slot, r, acting=False)
 
 
 def _prefill_done(s: State, req: Req) -> None:

@@ -141,11 +141,11 @@ def test_swa_pool_shortage_refuses_admission():
     assert out == "rejected" and len(s.free_pages) == 40
 
 
-@pytest.mark.parametrize("i", [0, 1])
+@pytest.mark.parametrize("i", [0, 1, 2])
 def test_window_lemmas_are_proved_and_their_controls_refuted(i):
     from proofs.lemmas import LEMMAS, run_lemma
     window = [lem for lem in LEMMAS if lem.name.startswith("SWA window")]
-    assert len(window) == 2
+    assert len(window) == 3
     results = run_lemma(window[i])
     assert all(r.ok for r in results), [(r.name, r.status, r.detail) for r in results]
     assert [r.status for r in results] == ["proved"] + ["refuted"] * (len(results) - 1)
@@ -161,6 +161,10 @@ def test_the_window_lemma_is_about_the_real_function():
     for args in [(0, 7, 3, 1), (0, 13, 1, 4), (3, 9, 2, 2), (8, 9, 3, 4), (2, 6, 5, 4)]:
         sub = list(zip((e, pre, w, p), map(z3.IntVal, args)))
         assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target(*args)
+    for args in [(0, 13, 5, 4), (0, 9, 3, 2), (4, 9, 3, 2), (0, 7, 3, 1)]:
+        term = S(HYB, "swa_evict_target_borrow", e, pre, w, args[3])
+        sub = list(zip((e, pre, w), map(z3.IntVal, args[:3])))
+        assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target_borrow(*args)
 
 
 # -- Mamba --------------------------------------------------------------------------------
@@ -198,6 +202,93 @@ def test_mamba_pool_shortage_refuses_admission():
     assert out == "ok" and s.reqs[2].mamba_pool_idx == 1
 
 
+# -- the borrow era (0.5.23) ----------------------------------------------------------------
+
+SWA_B = replace(SWA_P1, era="borrow")
+
+
+@pytest.mark.parametrize("cursor, pre_len, window, interval, due", [
+    (0, 7, 3, 1, True), (0, 3, 3, 1, False), (4, 7, 3, 1, False), (4, 8, 3, 1, True),
+    (0, 7, 3, 4, True), (0, 6, 3, 4, False)])
+def test_borrow_eviction_is_due_by_distance(cursor, pre_len, window, interval, due):
+    """0.5.23 `_swa_eviction_trigger`: `pre_len - window >= cursor + interval`."""
+    assert H.swa_evict_due(cursor, pre_len, window, interval) is due
+
+
+@pytest.mark.parametrize("evicted, pre_len, window, p, want", [
+    (0, 13, 6, 4, 4), (0, 9, 3, 4, 4), (0, 13, 5, 4, 4), (0, 14, 5, 4, 4), (0, 16, 5, 4, 8),
+    (0, 7, 3, 1, 4), (8, 9, 3, 4, 8)])
+def test_borrow_evict_target_keeps_ceil_aligned_window(evicted, pre_len, window, p, want):
+    """0.5.23 keeps `ceil_align(max(window, P), P)` (0.5.15: `max(window, P)`; they differ
+    when the window is not a multiple of P: (0, 13, 5, 4) is 8 on 0.5.15)."""
+    assert H.swa_evict_target_borrow(evicted, pre_len, window, p) == want
+    assert H.swa_evict_target(0, 13, 5, 4) == 8
+
+
+@pytest.mark.parametrize("protected, floor, p, want", [(0, 0, 1, 0), (8, 0, 4, 8), (8, 9, 4, 12), (4, 2, 4, 4)])
+def test_swa_dead_lo(protected, floor, p, want):
+    assert H.swa_dead_lo(protected, floor, p) == want
+
+
+def test_borrow_window_waits_for_interval_tokens_not_steps():
+    """The interval counts tokens slid past the cursor (window 3, interval 4, prompt 6
+    in the tree): the first due batch only raises the cursor to swa_dead_lo = 6; it then
+    moves 4 tokens at a time, when pre_len - 3 reaches cursor + 4."""
+    cfg = replace(SWA_B, swa_eviction_interval=4)
+    s = run(cfg, turn1(max_new=14, decodes=1))
+    got = []
+    for _ in range(11):
+        pre_len = s.reqs[1].seqlen - 1
+        s, _ = step(s, O.Decode(1, 2))
+        got.append((pre_len, s.reqs[1].swa_evicted_seqlen))
+    assert got == [(7, 6), (8, 6), (9, 6), (10, 6), (11, 6), (12, 6), (13, 10), (14, 10),
+                   (15, 10), (16, 10), (17, 14)]
+
+
+def test_borrow_release_frees_the_window_freed_range_full_side_only():
+    """`free_kv_row_segments`: `[swa_dead_lo, cursor)` of a row goes back full-side only,
+    so closing the session returns every page of both pools exactly once (I40)."""
+    ops = turn1(max_new=12, decodes=8) + [O.Finish(1), O.CloseSession(1)]
+    s = run(SWA_B, ops[:-1])
+    slot = s.slots[1]
+    assert slot.swa_evicted_seqlen > slot.protected
+    dead = H.swa_dead_pages(s, slot, slot.protected, slot.allocated)
+    assert dead and all(s.rows[slot.row][k] not in s.full_to_swa_index_mapping for k in dead)
+    s = run(SWA_B, ops)
+    a = abstract(s)
+    assert check_state(a, SWA_B) == []
+    assert len(s.swa_free_pages) + len(s.full_to_swa_index_mapping) == 40
+
+
+def test_borrow_slot_and_turn_share_the_cursor():
+    """0.5.23: a turn runs on its slot's record, so the slot's cursor is the turn's."""
+    s = run(SWA_B, turn1(max_new=12, decodes=8))
+    assert s.reqs[1].swa_evicted_seqlen > 0
+    assert s.slots[1].swa_evicted_seqlen == s.reqs[1].swa_evicted_seqlen
+
+
+def test_mamba_ping_pong_empty_names_the_sentinel_entries():
+    from types import SimpleNamespace
+    r = SimpleNamespace(mamba_ping_pong_track_buffer=None)
+    assert H.mamba_ping_pong_empty(r) is None
+    r.mamba_ping_pong_track_buffer = (3, H.EMPTY_TRACK)
+    assert H.mamba_ping_pong_empty(r) == [False, True]
+
+
+def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
+    from adapters.impl import ImplBackend
+    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.walk import walk
+    swa = 0
+    for i in range(12):         # 48 steps each (a few seconds); the campaigns run more
+        seq = walk(11, i, ImplBackend, "impl", Stats(), config_kw={"hybrid": True, "era": "borrow"},
+                   length=48)
+        assert seq.cfg.era == "borrow" and seq.cfg.hybrid
+        assert seq.failure is None, seq.failure.render()
+        swa += bool(seq.cfg.swa_window)
+    assert swa >= 4
+
+
 # -- configuration --------------------------------------------------------------------
 
 def test_hybrid_off_leaves_traces_and_state_as_they_were():
@@ -211,7 +302,6 @@ def test_hybrid_off_leaves_traces_and_state_as_they_were():
 
 
 @pytest.mark.parametrize("kw, field", [
-    (dict(swa_window=2, era="borrow"), "config.era"),
     (dict(swa_num_pages=4), "config.swa_num_pages"),
     (dict(mamba_extra_buffer="lazy"), "config.mamba_extra_buffer"),
     (dict(swa_window=-1), "config.swa_window"),

@@ -121,3 +121,20 @@ def test_conformance_runs_the_release_past_the_first_failure(capsys):
                  str(ROOT / "stateful_tests/upstream/h3-sglang-0.5.15.json")]) == 0
     out = capsys.readouterr().out
     assert "past the first failure" in out and "step   9" in out and "I26" in out
+
+
+
+@pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
+def test_real_swa_allocator_runs_on_the_cpu(version):
+    """Issue 15: the release's own SWATokenToKVPoolAllocator over a real one-head SWAKVPool
+    needs no CUDA and no stand-in (adapters/sglang/hybrid.py `swa_probe`, run by the
+    served release): 3 full pages each mapped to an SWA page; the window's free_swa
+    returns one SWA page and no full one; free returns the rest."""
+    from adapters.sglang.proxy import swa_probe, venv_python
+    from spec.config import Config
+    if not venv_python(version).exists():
+        pytest.skip(f"no .venv-sglang-{version}")
+    r = swa_probe(Config(page_size=2, num_pages=8, swa_window=3, swa_num_pages=4), version)
+    assert all(m > 0 for m in r["mapped"]) and len({m // 2 for m in r["mapped"]}) == 3
+    assert r["after_window"] == [16 - 6, 8 - 4] and r["after_free"] == [16, 8]
+    assert r["stub_calls"] == []

@@ -10,8 +10,23 @@ given (`size`, `replayssm_write_pos = None`: no ReplaySSM). The pool object is a
 `HybridReqToTokenPool` whose `__init__` (which would build `MambaPool`) is replaced by
 `ReqToTokenPool.__init__` plus the attributes `_init_mamba_pool` sets.
 
-Not driven (refused with one line): the SWA allocator and `SWARadixCache` (tombstones,
-SWA LRU and SWA locks are not in the model), and any hybrid config on 0.5.22+.
+SWA (issue 15): the allocator is not what keeps SWA off real sglang. The real
+`SWATokenToKVPoolAllocator` constructs and runs (alloc, alloc_extend, alloc_decode,
+free, free_swa) on the CPU in 0.5.15 and 0.5.23 over a real one-head `SWAKVPool`
+(`swa_allocator`; tests/test_sglang_adapter.py runs it), with no stand-in and no
+stand-in call to count. What is not driven (refused with one line) is the tree that
+production pairs with it (`mem_cache/registry.py` `default_radix_cache_factory`:
+`SWARadixCache` in 0.5.15, wrapped by `StreamingSession`; `UnifiedRadixCache` with an
+SWA component in 0.5.23), because the spec does not model it yet: per-node SWA
+tombstones and a second (SWA) LRU and lock count (`full_lock_ref`/`swa_lock_ref`);
+`evictable_size()`/`protected_size()` raise NotImplementedError there (split into
+full_/swa_); `swa_uuid_for_lock` is the node where the SWA lock reached the window
+(`inc_lock_ref` l.670), not the locked node the spec records; and 0.5.15's
+`evict_from_tree_cache` (`common.py` l.297-316) evicts each pool's shortfall
+(`EvictParams(num_tokens=n - full_available, swa_num_tokens=n - swa_available)`),
+while the spec's wrapper-era rule evicts n full tokens then leaves until the SWA pool
+has n. Any of those would read as a divergence on the first eviction or restore.
+Also not driven: a hybrid config on 0.5.22+ (Mamba lives on `req.kv` there).
 """
 from __future__ import annotations
 
@@ -21,11 +36,57 @@ import types
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
     if cfg.swa_window:
-        return ("config.swa_window: the sglang adapter drives no SWA allocator / SWARadixCache "
-                "(docs/semantics.md, Hybrid models); use swa_window=0 with --backend sglang")
+        return ("config.swa_window: the sglang adapter drives no SWA tree (0.5.15 "
+                "SWARadixCache, 0.5.23 UnifiedRadixCache's SWA component; the allocator "
+                "itself runs on the CPU: adapters/sglang/hybrid.py); use swa_window=0 with "
+                "--backend sglang")
     if cfg.mamba_slots and api != "flat":
         return "config.mamba_slots: the Mamba pool is driven on the wrapper era (0.5.15) only"
     return None
+
+
+def swa_allocator(cfg):
+    """The real `SWATokenToKVPoolAllocator` over a real `SWAKVPool` on the CPU, in both
+    releases: one SWA layer and one full layer of one head of dimension 1 (a few bytes
+    per token; no bookkeeping path reads the KV values; `register_mapping` is all the
+    allocator asks of the pool). Nothing is stood in and nothing needs CUDA (P > 1 runs
+    the Triton kernels under TRITON_INTERPRET, as the plain paged allocator does). Not
+    yet wired into the backend: the tree side is the boundary (module docstring)."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    P = cfg.page_size
+    size, size_swa = cfg.num_pages * P, cfg.swa_pages * P
+    kv = SWAKVPool(size=size, size_swa=size_swa, page_size=P, dtype=torch.bfloat16, head_num=1,
+                   head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                   device="cpu", enable_memory_saver=False)
+    return SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=P,
+                                     dtype=torch.bfloat16, device="cpu", kvcache=kv,
+                                     need_sort=False)
+
+
+def swa_probe(cfg) -> dict:
+    """Run the real SWA allocator of this release through one request's life on the CPU
+    (alloc_extend of 3 tokens, a decode past a page boundary, the window's free_swa of
+    the first page, the release's free) and report what its own counters say, so a test
+    can show it needs no CUDA and no stand-in (the served release runs it: `run_trace
+    --serve`'s `swa_probe`). cfg: page_size 2, swa_window set."""
+    import torch
+    from adapters.sglang import shim
+    alloc, I = swa_allocator(cfg), torch.int64
+    shim.arm()
+    t = lambda *v: torch.tensor(list(v), dtype=I)  # noqa: E731
+    out = alloc.alloc_extend(prefix_lens=t(0), prefix_lens_cpu=t(0), seq_lens=t(3),
+                             seq_lens_cpu=t(3), last_loc=t(-1), extend_num_tokens=3)
+    dec = alloc.alloc_decode(seq_lens=t(5), seq_lens_cpu=t(5), last_loc=out[-1:] + 1)
+    held = torch.cat([out, dec])
+    mapped = alloc.full_to_swa_index_mapping[held].tolist()
+    alloc.free_swa(out[:2])
+    after_window = (alloc.full_available_size(), alloc.swa_available_size())
+    alloc.free(held)
+    return dict(mapped=mapped, after_window=list(after_window),
+                after_free=[alloc.full_available_size(), alloc.swa_available_size()],
+                stub_calls=shim.calls())
 
 
 def hybrid_req_to_token_pool(cfg):

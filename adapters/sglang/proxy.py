@@ -111,6 +111,23 @@ def _stop_all() -> None:
     _SERVERS.clear()
 
 
+def _server(python: str) -> _Server:
+    """The served interpreter, started once and kept."""
+    server = _SERVERS.get(python)
+    if server is None or server.proc.poll() is not None:
+        server = _SERVERS[python] = _Server(python)
+    return server
+
+
+def swa_probe(cfg: Config, version: str) -> dict:
+    """adapters.sglang.hybrid.swa_probe run by the served release VERSION."""
+    python = resolve_python(version)
+    reply = _server(python).call({"cmd": "swa_probe", "config": cfg.to_json()})
+    if "error" in reply:
+        raise RuntimeError(f"[sglang-{version}] {reply['error']}")
+    return reply
+
+
 class SglangProxy:
     """Backend protocol over a served sglang venv."""
 
@@ -121,10 +138,7 @@ class SglangProxy:
         python = python or resolve_python(version)
         if python is None:
             raise SglangUnavailable("sglang is importable in-process; use make_backend()")
-        server = _SERVERS.get(python)
-        if server is None or server.proc.poll() is not None:
-            server = _SERVERS[python] = _Server(python)
-        self._server = server
+        server = self._server = _server(python)
         reply = server.call({"cmd": "init", "config": cfg.to_json(), "version": version})
         if "error" in reply:
             raise SglangUnavailable(reply["error"])

@@ -77,13 +77,13 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
                 hybrid_kinds: tuple = ()) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
     `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
-    SWA / Mamba pools always (True), never (False), or one wrapper-era config in three,
+    SWA / Mamba pools always (True), never (False), or one config in three (either era),
     of `hybrid_kinds` (default HYBRID_KINDS)."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
     cfg = _draw_plain_config(d, P, spec_enabled, era, accept)
-    if hybrid is False or cfg.era != "wrapper" or (hybrid is None and not one_in(d, 3, "hybrid")):
+    if hybrid is False or (hybrid is None and not one_in(d, 3, "hybrid")):
         return cfg
     return draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
 
