@@ -57,3 +57,22 @@ def test_a_growing_sample_runs_only_the_mutants_without_a_verdict():
     assert to_run(["a", "b", "c", "d", "e"], results, reuse=True) == ["c", "d", "e"]
     assert to_run(["a", "b", "c"], results, reuse=False) == ["a", "b", "c"]
     assert set(sample(NAMES, 10, 4)) < set(sample(NAMES, 20, 4)) < set(sample(NAMES, 45, 4))
+
+
+def test_run_reuses_verdicts_only_for_the_same_examples(monkeypatch, tmp_path):
+    """`make mutation` (no --sample) and a sample both go through run(): the mutants
+    without a verdict are run, in one mutmut call; another --examples runs them all."""
+    import kvcheck.mutation as M
+    calls, verdicts = [], {"a": "killed", "b": "not checked", "c": "survived"}
+    monkeypatch.setattr(M, "RUN_RECORD", tmp_path / "kvcheck-run.json")
+    monkeypatch.setattr(M, "_mutmut", lambda *names, env=None: calls.append(names))
+    monkeypatch.setattr(M, "mutant_results", lambda: dict(verdicts))
+    monkeypatch.setattr(M, "equivalent_mutants", lambda: set())
+    s = M.run(None, examples=60)                        # no record yet: every mutant
+    assert calls == [(M.NO_MATCH,), ("a", "b", "c")] and s.results == verdicts
+    calls.clear()
+    M.run(None, examples=60)                            # same examples: only "b"
+    assert calls == [(M.NO_MATCH,), ("b",)]
+    calls.clear()
+    M.run(2, seed=0, examples=30)                       # other examples: both sampled
+    assert calls[1] == tuple(sample(verdicts, 2, 0))
