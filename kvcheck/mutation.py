@@ -138,6 +138,13 @@ def _reusable(examples: int) -> bool:
         return False
 
 
+def report(n_sample=None, seed: int = 0) -> Score:
+    """The score from the verdicts mutmut recorded in mutants/, running nothing."""
+    res = mutant_results()
+    names = sorted(res) if n_sample is None else sample(res, n_sample, seed)
+    return Score({k: res[k] for k in names}, equivalent_mutants())
+
+
 def run(n_sample=None, seed: int = 0, examples: int = 60, fresh: bool = False) -> Score:
     env = dict(os.environ, KVCHECK_MUTATION_EXAMPLES=str(examples))
     env.pop("PYTHONPATH", None)     # mutmut puts mutants/ first; the project must not shadow it
@@ -166,6 +173,9 @@ def main(argv=None) -> int:
                    help="sequences of the differential run in the test command")
     p.add_argument("--fresh", action="store_true",
                    help="run every mutant again (default: reuse the verdicts in mutants/)")
+    p.add_argument("--report", action="store_true",
+                   help="print the score from the verdicts in mutants/ and run nothing "
+                        "(after judging a survivor: the same sample, the list updated)")
     p.add_argument("--min-score", type=float, default=90.0,
                    help="exit 1 below this percentage of non-equivalent mutants killed")
     args = p.parse_args(argv)
@@ -175,7 +185,12 @@ def main(argv=None) -> int:
         print("python -m kvcheck.mutation: error: mutmut is not installed "
               "(pip install 'kvcheck[mutation]')", file=sys.stderr)
         return 2
-    score = run(args.sample, args.seed, args.examples, fresh=args.fresh)
+    if args.report and not MUTANTS.is_dir():
+        print("python -m kvcheck.mutation: error: --report: no mutants/ folder yet "
+              "(run without --report first)", file=sys.stderr)
+        return 2
+    score = (report(args.sample, args.seed) if args.report
+             else run(args.sample, args.seed, args.examples, fresh=args.fresh))
     print(score.render(), flush=True)
     return 0 if score.score >= args.min_score else 1
 

@@ -76,3 +76,13 @@ def test_run_reuses_verdicts_only_for_the_same_examples(monkeypatch, tmp_path):
     calls.clear()
     M.run(2, seed=0, examples=30)                       # other examples: both sampled
     assert calls[1] == tuple(sample(verdicts, 2, 0))
+
+
+def test_report_scores_the_recorded_verdicts_without_running(monkeypatch, capsys):
+    import kvcheck.mutation as M
+    monkeypatch.setattr(M, "_mutmut", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(M, "mutant_results", lambda: {"a": "killed", "b": "survived"})
+    monkeypatch.setattr(M, "equivalent_mutants", lambda: {"b"})
+    monkeypatch.setattr(M, "MUTANTS", M.ROOT)                  # a folder that exists
+    assert M.main(["--report", "--min-score", "100"]) == 0
+    assert "1/1 non-equivalent mutants killed" in capsys.readouterr().out
