@@ -5,7 +5,11 @@ corpus, a fixed-count differential run); a mutant is killed when one of them fai
 
 mutmut's configuration is `[tool.mutmut]` in pyproject.toml; it works in `mutants/` (a
 copy of the project, git-ignored). `--sample N` runs a fixed-seed sample of N mutants
-(what CI runs); without it every mutant runs (nightly). The score leaves out the mutants
+(what CI runs); without it every mutant runs (nightly). A mutant mutmut has already
+judged (in mutants/, for the same function source and the same --examples) is not run
+again, so an interrupted run resumes and a sample can grow in chunks (`--sample 100`,
+then `--sample 250` with the same seed: the first 100 are reused); `--fresh` runs
+them again. The score leaves out the mutants
 docs/coverage.md lists as equivalent (section "Equivalent mutants", one backticked
 mutmut name per line with the reason), and prints every survivor.
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -30,6 +35,11 @@ MUTANTS = ROOT / "mutants"
 NO_MATCH = "impl.kvcheck_no_such_function*"
 """A name no mutant has: `mutmut run` with it generates every mutant and collects the
 per-test stats without testing any mutant (the sample is drawn from what it made)."""
+RUN_RECORD = MUTANTS / "kvcheck-run.json"
+"""The --examples the results in mutants/ were judged with (a result under another count
+is run again)."""
+PENDING = ("not checked", "check was interrupted by user")
+"""A mutant without a verdict yet: run it (again)."""
 KILLED = ("killed", "timeout", "segfault", "caught by type check")
 """A mutant the test command stopped: a failure, a hang past mutmut's timeout, a crash."""
 
@@ -59,13 +69,25 @@ class Score:
 
     def render(self) -> str:
         eq = sorted(k for k in self.results if k in self.equivalent)
+        lo, hi = wilson_interval(self.killed, len(self.judged))
         lines = [f"mutation score: {self.killed}/{len(self.judged)} non-equivalent mutants "
-                 f"killed ({self.score:.1f}%); {len(eq)} equivalent (docs/coverage.md) left out"]
+                 f"killed ({self.score:.1f}%, 95% CI {100 * lo:.1f}-{100 * hi:.1f}% Wilson); "
+                 f"{len(eq)} equivalent (docs/coverage.md) left out"]
         for k in self.survivors:
             lines.append(f"  SURVIVED ({self.judged[k]}) {k}   (mutmut show {k})")
         for k in eq:
             lines.append(f"  equivalent {k} ({self.results[k]})")
         return "\n".join(lines)
+
+
+def wilson_interval(k: int, n: int, z: float = 1.96) -> tuple:
+    """Wilson score interval of a proportion k/n (95% for z=1.96); (0, 1) when n is 0."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def equivalent_mutants(doc: Path = DOC) -> set:
@@ -88,7 +110,9 @@ def mutant_results(mutants: Path = MUTANTS) -> dict:
 
 
 def sample(names, n: int, seed: int) -> list:
-    """A fixed-seed sample: the same names for the same mutants, seed and count."""
+    """A fixed-seed sample: the same names for the same mutants, seed and count. A larger
+    count with the same seed holds the smaller one's while both stay under a ninth of the
+    mutants (random.sample draws one by one there; 341 of 3,062)."""
     names = sorted(names)
     return sorted(random.Random(f"kvcheck-mutation:{seed}").sample(names, min(n, len(names))))
 
@@ -101,15 +125,39 @@ def _mutmut(*names, env=None) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
-def run(n_sample=None, seed: int = 0, examples: int = 60) -> Score:
+def to_run(names, results: dict, reuse: bool) -> list:
+    """The names still to run: those without a verdict, or all of them without reuse."""
+    return [k for k in names if not reuse or results.get(k, "not checked") in PENDING]
+
+
+def _reusable(examples: int) -> bool:
+    """The verdicts in mutants/ were reached with this --examples (a record says so)."""
+    try:
+        return json.loads(RUN_RECORD.read_text()).get("examples") == examples
+    except (OSError, ValueError):
+        return False
+
+
+def report(n_sample=None, seed: int = 0) -> Score:
+    """The score from the verdicts mutmut recorded in mutants/, running nothing."""
+    res = mutant_results()
+    names = sorted(res) if n_sample is None else sample(res, n_sample, seed)
+    return Score({k: res[k] for k in names}, equivalent_mutants())
+
+
+def run(n_sample=None, seed: int = 0, examples: int = 60, fresh: bool = False) -> Score:
     env = dict(os.environ, KVCHECK_MUTATION_EXAMPLES=str(examples))
     env.pop("PYTHONPATH", None)     # mutmut puts mutants/ first; the project must not shadow it
-    if n_sample is None:
-        _mutmut(env=env)
-        return Score(mutant_results(), equivalent_mutants())
-    _mutmut(NO_MATCH, env=env)
-    names = sample(mutant_results(), n_sample, seed)
-    _mutmut(*names, env=env)
+    reuse = not fresh and _reusable(examples)
+    _mutmut(NO_MATCH, env=env)      # (re)generate the mutants; judges none
+    RUN_RECORD.write_text(json.dumps({"examples": examples}))
+    results = mutant_results()
+    names = sorted(results) if n_sample is None else sample(results, n_sample, seed)
+    todo = to_run(names, results, reuse)
+    print(f"{len(names)} mutant(s): {len(names) - len(todo)} judged before (reused), "
+          f"{len(todo)} to run", flush=True)
+    if todo:        # mutmut records each verdict as it comes: an interrupted run resumes
+        _mutmut(*todo, env=env)
     res = mutant_results()
     return Score({k: res[k] for k in names}, equivalent_mutants())
 
@@ -123,6 +171,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=T.seed, default=0, help="the sample's seed")
     p.add_argument("--examples", type=T.positive_int, default=60,
                    help="sequences of the differential run in the test command")
+    p.add_argument("--fresh", action="store_true",
+                   help="run every mutant again (default: reuse the verdicts in mutants/)")
+    p.add_argument("--report", action="store_true",
+                   help="print the score from the verdicts in mutants/ and run nothing "
+                        "(after judging a survivor: the same sample, the list updated)")
     p.add_argument("--min-score", type=float, default=90.0,
                    help="exit 1 below this percentage of non-equivalent mutants killed")
     args = p.parse_args(argv)
@@ -132,7 +185,12 @@ def main(argv=None) -> int:
         print("python -m kvcheck.mutation: error: mutmut is not installed "
               "(pip install 'kvcheck[mutation]')", file=sys.stderr)
         return 2
-    score = run(args.sample, args.seed, args.examples)
+    if args.report and not MUTANTS.is_dir():
+        print("python -m kvcheck.mutation: error: --report: no mutants/ folder yet "
+              "(run without --report first)", file=sys.stderr)
+        return 2
+    score = (report(args.sample, args.seed) if args.report
+             else run(args.sample, args.seed, args.examples, fresh=args.fresh))
     print(score.render(), flush=True)
     return 0 if score.score >= args.min_score else 1
 

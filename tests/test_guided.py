@@ -10,7 +10,7 @@ import pytest
 from kvcheck.engines import ENGINES
 from kvcheck.engines.gen import Stats
 from kvcheck.engines.guided import (MUTATIONS, Entry, Guided, change_argument, change_config,
-                                    derive)
+                                    derive, pick, shape, step_features)
 from kvcheck.engines.walk import walk
 from spec import ops as O
 from spec.config import Config
@@ -79,3 +79,26 @@ def test_guided_campaign_still_finds_a_planted_fault(tmp_path):
     rep = fuzz(None, 0, "impl", tmp_path, rounds=40, engine="guided", stop_on_first=True,
                planted=("free_no_page_dedup",), shrink_replays=0, console=Console(quiet=True))
     assert rep.found and rep.engine == "guided"
+
+
+def test_step_features_name_outcome_shape_previous_step_arguments_and_paths():
+    sh = shape(Config(page_size=2, num_pages=8, spec_enabled=True))
+    op = O.SubmitRequest(7, (1, 2, 3), 4, None)
+    got = step_features(sh, op, "ok", ["retract-retry"], "finish:ok")
+    assert got == ["submit_request:ok", f"{sh}|submit_request:ok",
+                   "finish:ok>submit_request:ok", f"{sh}|submit_request:ok(2,3,None)",
+                   "path:retract-retry", f"{sh}|path:retract-retry"]
+    assert sh == "P2s--wra--"
+    other = step_features(sh, O.SubmitRequest(9, (4, 5, 6), 4, None), "ok", [], "finish:ok")
+    assert set(other) <= set(got), "ids and token values are not features"
+
+
+def test_corpus_entries_found_something_new_and_rare_ones_are_picked_more():
+    g, _ = _campaign(40)
+    assert len(g.corpus) == len(g.found) and all(g.found)
+    assert all(0 < e.rarity <= 1 for e in g.corpus)
+    rare, common = Entry(Config(), [], rarity=1.0), Entry(Config(), [], rarity=0.01)
+    corpus = [rare] + [common] * 20
+    rng = random.Random(0)
+    picks = [pick(corpus, rng) for _ in range(400)]
+    assert picks.count(rare) > 100         # half by rarity (~1/1.2 of those), half recent

@@ -3,7 +3,7 @@ the fixed-seed sample, the score over non-equivalent mutants, the equivalents re
 docs/coverage.md."""
 from __future__ import annotations
 
-from kvcheck.mutation import Score, equivalent_mutants, sample
+from kvcheck.mutation import Score, equivalent_mutants, sample, to_run, wilson_interval
 
 NAMES = [f"impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
 
@@ -21,7 +21,7 @@ def test_score_leaves_out_equivalents_and_unchecked_and_lists_survivors():
     assert (s.killed, len(s.judged), s.survivors) == (2, 4, ["m2", "m4"])
     assert s.score == 50.0
     text = s.render()
-    assert "2/4 non-equivalent mutants killed (50.0%)" in text
+    assert "2/4 non-equivalent mutants killed (50.0%, 95% CI 15.0-85.0% Wilson)" in text
     assert "SURVIVED (no tests) m4" in text and "equivalent m5" in text
 
 
@@ -41,4 +41,48 @@ def test_exit_status_gates_on_min_score(monkeypatch, capsys):
     monkeypatch.setattr(M, "run", lambda *a, **k: Score(results, equivalent=set()))
     assert M.main(["--sample", "4", "--min-score", "75"]) == 0
     assert M.main(["--sample", "4", "--min-score", "80"]) == 1
-    assert "3/4 non-equivalent mutants killed (75.0%)" in capsys.readouterr().out
+    assert "3/4 non-equivalent mutants killed (75.0%, 95% CI" in capsys.readouterr().out
+
+
+def test_wilson_interval():
+    lo, hi = wilson_interval(180, 200)             # 90%: a textbook value
+    assert (round(100 * lo, 1), round(100 * hi, 1)) == (85.1, 93.4)
+    assert wilson_interval(20, 20)[1] == 1.0 and wilson_interval(20, 20)[0] > 0.83
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_a_growing_sample_runs_only_the_mutants_without_a_verdict():
+    results = {"a": "killed", "b": "survived", "c": "not checked",
+               "d": "check was interrupted by user"}
+    assert to_run(["a", "b", "c", "d", "e"], results, reuse=True) == ["c", "d", "e"]
+    assert to_run(["a", "b", "c"], results, reuse=False) == ["a", "b", "c"]
+    assert set(sample(NAMES, 10, 4)) < set(sample(NAMES, 20, 4)) < set(sample(NAMES, 45, 4))
+
+
+def test_run_reuses_verdicts_only_for_the_same_examples(monkeypatch, tmp_path):
+    """`make mutation` (no --sample) and a sample both go through run(): the mutants
+    without a verdict are run, in one mutmut call; another --examples runs them all."""
+    import kvcheck.mutation as M
+    calls, verdicts = [], {"a": "killed", "b": "not checked", "c": "survived"}
+    monkeypatch.setattr(M, "RUN_RECORD", tmp_path / "kvcheck-run.json")
+    monkeypatch.setattr(M, "_mutmut", lambda *names, env=None: calls.append(names))
+    monkeypatch.setattr(M, "mutant_results", lambda: dict(verdicts))
+    monkeypatch.setattr(M, "equivalent_mutants", lambda: set())
+    s = M.run(None, examples=60)                        # no record yet: every mutant
+    assert calls == [(M.NO_MATCH,), ("a", "b", "c")] and s.results == verdicts
+    calls.clear()
+    M.run(None, examples=60)                            # same examples: only "b"
+    assert calls == [(M.NO_MATCH,), ("b",)]
+    calls.clear()
+    M.run(2, seed=0, examples=30)                       # other examples: both sampled
+    assert calls[1] == tuple(sample(verdicts, 2, 0))
+
+
+def test_report_scores_the_recorded_verdicts_without_running(monkeypatch, capsys):
+    import kvcheck.mutation as M
+    monkeypatch.setattr(M, "_mutmut", lambda *a, **k: (_ for _ in ()).throw(AssertionError))
+    monkeypatch.setattr(M, "mutant_results", lambda: {"a": "killed", "b": "survived"})
+    monkeypatch.setattr(M, "equivalent_mutants", lambda: {"b"})
+    monkeypatch.setattr(M, "MUTANTS", M.ROOT)                  # a folder that exists
+    assert M.main(["--report", "--min-score", "100"]) == 0
+    assert "1/1 non-equivalent mutants killed" in capsys.readouterr().out

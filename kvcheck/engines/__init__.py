@@ -5,9 +5,10 @@
 - `hypothesis` (kvcheck.engines.hypothesis_machine): the Hypothesis state machine that
   `make test` runs, available as `kvcheck fuzz --engine hypothesis`.
 
-- `guided` (kvcheck.engines.guided): the walk engine steered by branch coverage: a corpus
-  of sequences that reached new branches, and sequences derived from it (extend, splice,
-  change an argument, swap two operations) besides fresh walks.
+- `guided` (kvcheck.engines.guided): the walk engine steered by the spec's step features
+  (operation outcomes, configuration shape, named paths): a corpus of sequences that
+  showed a new one, and sequences derived from it (extend, splice, change an argument,
+  swap two operations) besides fresh walks.
 
 All draw from one table of generators (kvcheck.engines.gen). `campaign` runs each
 one in chunks of sequences, inline, in local processes or as Ray tasks.

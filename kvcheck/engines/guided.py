@@ -1,14 +1,18 @@
 """The guided engine (`--engine guided`): coverage-guided generation on top of the walk
 engine, as AFL and HypoFuzz do.
 
-A corpus keeps every sequence that reached a branch no earlier sequence reached
-(coverage.py's branch arcs of impl/ when the system under test is impl, of spec/
-otherwise: a release runs in another process, and the spec's paths follow its own).
-Fresh walks (kvcheck.engines.walk, the same sequences the walk engine runs) come first,
-the first WARMUP of them untraced;
-once FRESH_DRY of them in a row reached nothing new, three sequences in four are
-derived from the corpus (half the time from one of its latest entries), until fresh
-walks pay again; a derived one is one of:
+The novelty signal is the spec's own record of each step, not a tracer: the operation
+and its outcome, under the configuration's shape, after the previous step's outcome,
+with its arguments' classes, and each named PATH (retract-retry, `_free_tail` frees,
+...) it took (`step_features`). It costs nothing measurable (coverage.py's branch
+tracing cost about 1.6x per sequence) and is the same for every backend, a release
+included. A corpus keeps every sequence that showed a feature no earlier one showed.
+
+The first WARMUP sequences are the walk engine's own (most planted faults fall in them,
+found at the walk engine's speed). After them, MUTATE_SHARE of the sequences are
+derived from the corpus (an entry picked by rarity, AFL's energy: 1 / the fewest
+sequences that showed one of the features it found first; or one of the latest), the
+rest are fresh walks. A derived sequence is one of:
 
   extend   the first half or more of a corpus sequence, then more random steps;
   splice   the head of one corpus sequence, then the tail of another;
@@ -26,96 +30,78 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
-from pathlib import Path
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from kvcheck.engines.gen import RandomDrawer, Stats, draw_config
 from kvcheck.engines.walk import Sequence, walk
 from spec import ops as O
 
-ROOT = Path(__file__).resolve().parents[2]
-MUTATE_SHARE = 0.75
+MUTATE_SHARE = 0.3
 MUTATIONS = ("extend", "splice", "argument", "swap", "config")
 RECENT = 16
 WARMUP = 8
-DRY_AFTER = 20
-SAMPLE_EVERY = 4
 EXTRA_STEPS = (4, 8, 16)
 TAIL = 12
 """After a changed or swapped operation, at most this many of the parent's next ones."""
-FRESH_DRY = 2
-"""Derive only once this many fresh walks in a row reached nothing new (while random
-walks still pay, they are the cheaper way to new branches)."""
 MAX_CORPUS = 512
 
 
-_COLLECTORS: dict = {}
-"""coverage.py collectors this module started, by source folder (created once: a
-collector costs a few tenths of a second to set up)."""
+def shape(cfg) -> str:
+    """The configuration's shape, the part that selects code paths: page size 1 or more,
+    speculative decoding, overlap, chunking, the era, SWA and Mamba pools."""
+    return "".join((
+        f"P{cfg.page_size}", "s" if cfg.spec_enabled else "-",
+        "o" if cfg.overlap else "-", "c" if cfg.chunk_size else "-", cfg.era[:3],
+        "w" if cfg.swa_window else "-", "m" if cfg.mamba_slots else "-"))
 
 
-class Feedback:
-    """New branch arcs since the last call, from the coverage.py collector running in
-    this process (`kvcheck coverage`'s, or one started here over `source`)."""
+def _bucket(v) -> str:
+    """A coarse class of an operation's argument: None, a flag, 0/1/2-3/4-7/... by size."""
+    if v is None or isinstance(v, bool):
+        return str(v)
+    n = len(v) if isinstance(v, tuple) else v
+    return str(n.bit_length()) if isinstance(n, int) and n >= 0 else "-"
 
-    def __init__(self, source: Path) -> None:
-        import coverage
-        self.cov = coverage.Coverage.current()
-        self.own = self.cov is None
-        if self.own:                    # one collector per source for the process
-            if source not in _COLLECTORS:
-                cov = coverage.Coverage(branch=True, data_file=None, source=[str(source)])
-                cov.set_option("run:disable_warnings", ["no-data-collected"])
-                _COLLECTORS[source] = cov
-            self.cov = _COLLECTORS[source]
-            self.cov.erase()            # a campaign's feedback starts from nothing;
-        self.tracing = not self.own     # before() starts an own collector after the warm-up
-        self.dry = 0                    # traced sequences in a row that reached nothing new
-        self.seen: set = set()
-        if not self.own:
-            self.new_arcs()             # what the running collector has: not new
 
-    def before(self, index: int) -> None:
-        """Tracing costs about 1.6x. The first WARMUP sequences are plain walks, not
-        traced (most planted faults fall in them, found at the walk engine's speed);
-        once DRY_AFTER traced sequences in a row reached nothing new, only every
-        SAMPLE_EVERY-th sequence is traced (until one reaches something new again). A
-        collector this class did not start (kvcheck coverage's) always runs."""
-        want = not self.own or (index >= WARMUP and (self.dry < DRY_AFTER
-                                                     or index % SAMPLE_EVERY == 0))
-        if want and not self.tracing:
-            self.cov.start()
-        elif not want and self.tracing:
-            self.cov.stop()
-        self.tracing = want
+def step_features(sh: str, op: O.Op, outcome: str, paths, prev: str) -> list:
+    """The abstract features of one step, the novelty signal (as HypoFuzz uses
+    Hypothesis's own events): the operation and its outcome, alone, under the
+    configuration's shape, after the previous step's, and with its arguments' classes
+    (not the ids); each named PATH (retract-retry, _free_tail frees, ...) it took."""
+    here = f"{op.name}:{outcome}"
+    args = ",".join(_bucket(getattr(op, f.name)) for f in dataclasses.fields(op)
+                    if f.name not in ("rid", "sid", "token"))
+    return [here, f"{sh}|{here}", f"{prev}>{here}", f"{sh}|{here}({args})",
+            *(f"path:{p}" for p in paths), *(f"{sh}|path:{p}" for p in paths)]
 
-    def pause(self) -> None:
-        """Between chunks: nothing outside the sequences is traced."""
-        if self.own and self.tracing:
-            self.cov.stop()
-            self.tracing = False
 
-    def after(self) -> int:
-        """New arcs of the sequence just run (0 when it was not traced)."""
-        if not self.tracing:
-            return 0
-        n = self.new_arcs()
-        self.dry = 0 if n else self.dry + 1
-        return n
+@dataclass
+class StepStats(Stats):
+    """The walk's Stats, which also keeps each step it records (operation, outcome, paths)."""
+    steps_taken: list = field(default_factory=list)
 
-    def new_arcs(self) -> int:
-        data = self.cov.get_data()
-        arcs = {(f, a) for f in data.measured_files() for a in (data.arcs(f) or ())}
-        new = arcs - self.seen
-        self.seen |= new
-        return len(new)
+    def record(self, op: O.Op, outcome: str, paths=()) -> None:
+        super().record(op, outcome, paths)
+        self.steps_taken.append((op, outcome, tuple(paths)))
+
+    def features(self, cfg) -> set:
+        """The features of every step recorded, under `cfg`'s shape."""
+        sh, prev, out = shape(cfg), "start", set()
+        for op, outcome, paths in self.steps_taken:
+            out.update(step_features(sh, op, outcome, paths, prev))
+            prev = f"{op.name}:{outcome}"
+        return out
 
 
 @dataclass
 class Entry:
     cfg: object
     ops: list
+    rarity: float = 1.0
+    """How rare the features it found first still are (1 / the fewest sequences that
+    have shown one of them): rare finds are where the frontier is (AFL's energy)."""
 
 
 def _bump(v: int, lo: int, hi: int, rng: random.Random) -> int:
@@ -171,8 +157,10 @@ def change_config(cfg, fresh, f: str):
 
 
 def pick(corpus: list, rng: random.Random) -> Entry:
-    """A corpus entry, half the time one of the latest (where the frontier is)."""
-    return rng.choice(corpus[-RECENT:] if rng.random() < 0.5 else corpus)
+    """A corpus entry, by its rarity half the time, else one of the latest."""
+    if rng.random() < 0.5:
+        return rng.choices(corpus, weights=[e.rarity for e in corpus])[0]
+    return rng.choice(corpus[-RECENT:])
 
 
 def derive(how: str, corpus: list, rng: random.Random, fresh_cfg=None) -> tuple:
@@ -203,39 +191,45 @@ def derive(how: str, corpus: list, rng: random.Random, fresh_cfg=None) -> tuple:
 
 
 class Guided:
-    """One campaign's corpus and feedback in this process."""
+    """One campaign's corpus and feedback (the features seen) in this process."""
 
     def __init__(self, seed: int, backend: str) -> None:
         self.seed = seed
         self.corpus: list = []
-        self.feedback = Feedback(ROOT / ("impl" if backend == "impl" else "spec"))
+        self.hits: Counter = Counter()      # feature -> sequences that showed it
+        self.found: list = []               # per corpus entry, the features it found first
         self.derived = 0
-        self.fresh_dry = 0
 
     def run(self, index: int, factory: Optional[Callable], bname: str, stats: Stats,
             config_kw: Optional[dict] = None, skip: Optional[Callable] = None) -> Sequence:
         rng = random.Random(f"kvcheck-guided:{self.seed}:{index}")
-        self.feedback.before(index)
-        derived = (self.corpus and self.fresh_dry >= FRESH_DRY and rng.random() < MUTATE_SHARE)
-        if derived:
+        local = StepStats()
+        kw = dict(config_kw=config_kw, skip=skip)
+        if self.corpus and index >= WARMUP and rng.random() < MUTATE_SHARE:
             how = rng.choice(MUTATIONS)
             fresh = draw_config(RandomDrawer(rng), **(config_kw or {}))
             cfg, script, length = derive(how, self.corpus, rng, fresh)
             self.derived += 1
-            seq = walk(self.seed, index, factory, bname, stats, config_kw=config_kw, skip=skip,
-                       cfg=cfg, script=script, rng_tag=how, length=length)
+            seq = walk(self.seed, index, factory, bname, local, cfg=cfg, script=script,
+                       rng_tag=how, length=length, **kw)
         else:
-            seq = walk(self.seed, index, factory, bname, stats, config_kw=config_kw, skip=skip)
-        new = self.feedback.after()
-        if not derived and self.feedback.tracing:
-            self.fresh_dry = 0 if new else self.fresh_dry + 1
+            seq = walk(self.seed, index, factory, bname, local, **kw)
+        stats.merge(local)
+        feats = local.features(seq.cfg)
+        new = feats - self.hits.keys()
+        self.hits.update(feats)
         if new and seq.failure is None and len(self.corpus) < MAX_CORPUS:
             self.corpus.append(Entry(seq.cfg, list(seq.ops)))
+            self.found.append(new)
+        self._rescore()
         return seq
 
+    def _rescore(self) -> None:
+        for e, new in zip(self.corpus, self.found):
+            e.rarity = 1.0 / min(self.hits[f] for f in new)
 
     def pause(self) -> None:
-        self.feedback.pause()
+        """Between chunks (nothing to stop: the feedback is the walk's own record)."""
 
 
 _CAMPAIGNS: dict = {}
