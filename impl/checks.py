@@ -130,8 +130,11 @@ def node_label(n: TreeNode) -> str:
     return f"node {list(n.path())}"
 
 
-def _first(flags) -> Optional[int]:
-    return next((i for i, bad in enumerate(flags) if bad), None)
+def _mismatch(got: list, want: list) -> Optional[int]:
+    """The first position where two equally long lists differ, or None."""
+    if got == want:
+        return None
+    return next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
 
 
 def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
@@ -168,13 +171,14 @@ def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
         pages = [v // P for v in idx]
         for p in sorted(set(pages)):
             owned.append((label, p))
-        # C3: congruence and one physical page per row-page
-        i = _first(v % P != k % P for k, v in enumerate(idx))
+        # C3: congruence and one physical page per row-page (whole lists compared at C
+        # speed; the first differing position found only when they differ)
+        i = _mismatch([v % P for v in idx], (list(range(P)) * -(-len(idx) // P))[:len(idx)])
         if i is not None:
             out.append(Finding("C3", "row/page congruence",
                                f"row {row} position {i} holds KV index {idx[i]}: "
                                f"{idx[i] % P} != {i % P} (mod {P})", label, pages[i]))
-        i = _first(pages[k] != pages[k // P * P] for k in range(allocated))
+        i = _mismatch(pages, [pages[k - k % P] for k in range(allocated)])
         if i is not None:
             first_of_page = pages[i // P * P]
             out.append(Finding("C3", "row/page congruence",
