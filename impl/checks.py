@@ -130,11 +130,8 @@ def node_label(n: TreeNode) -> str:
     return f"node {list(n.path())}"
 
 
-def _mismatch(got: list, want: list) -> Optional[int]:
-    """The first position where two equally long lists differ, or None."""
-    if got == want:
-        return None
-    return next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+def _first(flags) -> Optional[int]:
+    return next((i for i, bad in enumerate(flags) if bad), None)
 
 
 def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
@@ -163,22 +160,20 @@ def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
             continue
         for p in sorted({v // P for v in vals}):
             owned.append((f"node {list(path)}", p))
-    held = holders(sched)
-    for label, row, allocated in held:
+    for label, row, allocated in holders(sched):
         if allocated <= 0:
             continue
         idx = snap.r2t[row][:allocated]
         pages = [v // P for v in idx]
         for p in sorted(set(pages)):
             owned.append((label, p))
-        # C3: congruence and one physical page per row-page (whole lists compared at C
-        # speed; the first differing position found only when they differ)
-        i = _mismatch([v % P for v in idx], (list(range(P)) * -(-len(idx) // P))[:len(idx)])
+        # C3: congruence and one physical page per row-page
+        i = _first(v % P != k % P for k, v in enumerate(idx))
         if i is not None:
             out.append(Finding("C3", "row/page congruence",
                                f"row {row} position {i} holds KV index {idx[i]}: "
                                f"{idx[i] % P} != {i % P} (mod {P})", label, pages[i]))
-        i = _mismatch(pages, [pages[k - k % P] for k in range(allocated)])
+        i = _first(pages[k] != pages[k // P * P] for k in range(allocated))
         if i is not None:
             first_of_page = pages[i // P * P]
             out.append(Finding("C3", "row/page congruence",
@@ -200,7 +195,7 @@ def concrete_findings(sched, snap: Optional[Snapshot] = None) -> list[Finding]:
         if seen[r] > 1:
             out.append(Finding("C5", "row free and held", f"row {r} appears {seen[r]} times in free_slots",
                                "req_to_token_pool"))
-    for label, row, _ in held:
+    for label, row, _ in holders(sched):
         if row in seen:
             out.append(Finding("C5", "row free and held", f"row {row} is in free_slots and held by {label}", label))
     return out
