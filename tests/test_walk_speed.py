@@ -93,3 +93,27 @@ def test_side_by_side_alternates_the_two_trees(monkeypatch, tmp_path):
 def test_export_rev_unpacks_the_revision(tmp_path):
     bench_diff.export_rev("HEAD", tmp_path)
     assert (tmp_path / "benchmarks" / "bench_diff.py").is_file()
+
+
+
+def test_fuzz_imports_its_engine_before_catching_ctrl_c(monkeypatch, tmp_path):
+    """An interrupt inside a lazy import surfaces as RuntimeError, not KeyboardInterrupt:
+    the inline chunk's modules are imported before the handler is installed."""
+    from contextlib import contextmanager
+
+    from kvcheck import fuzz as F
+    from kvcheck.engines import ENGINES
+    order = []
+    real = F.Interrupts.installed
+
+    @contextmanager
+    def installed(self):
+        order.append("handler")
+        with real(self):
+            yield self
+
+    monkeypatch.setattr(F, "preload_engine", lambda e: order.append(f"preload {e}"))
+    monkeypatch.setattr(F.Interrupts, "installed", installed)
+    F.fuzz(None, 1, "spec", tmp_path, rounds=1, quiet=True)
+    assert order == ["preload walk", "handler"]
+    assert set(F.ENGINE_MODULES) == set(ENGINES)
