@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from impl.checks import Snapshot, concrete_findings, leak_check, snapshot
 from impl.mamba import mamba_refs
 from impl.radix_cache import TreeNode
@@ -25,7 +27,12 @@ class ImplBackend:
 
     def __init__(self, cfg: Config, device=None) -> None:
         self.cfg = cfg
-        self.sched = Scheduler(
+        with torch.inference_mode():        # see apply()
+            self.sched = self._scheduler(cfg, device)
+
+    @staticmethod
+    def _scheduler(cfg: Config, device) -> Scheduler:
+        return Scheduler(
             page_size=cfg.page_size, num_pages=cfg.num_pages, num_rows=cfg.num_rows,
             max_context_len=cfg.max_context_len, chunk_size=cfg.chunk_size,
             spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device,
@@ -35,7 +42,11 @@ class ImplBackend:
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------
+    @torch.inference_mode()
     def apply(self, op: ops.Op) -> str:
+        """One operation, under `torch.inference_mode()` as upstream's scheduler loop runs
+        (`@DynamicGradMode()` on `event_loop_normal`): no autograd or version-counter
+        bookkeeping per tensor op (impl/'s tensors are created under it too)."""
         s = self.sched
         if isinstance(op, ops.OpenSession):
             return s.open_session(op.sid)
@@ -159,21 +170,22 @@ class ImplBackend:
             free_pages=free_pages, free_rows=tuple(sorted(s.req_to_token_pool.free_slots)),
             nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots), sessions=tuple(sessions),
             evictable_size=s.tree_cache.evictable_size(), protected_size=s.tree_cache.protected_size(),
-            content=content, **self._hybrid_view())
+            content=content, **self._hybrid_view(snap))
 
-    def _hybrid_view(self) -> dict:
+    def _hybrid_view(self, snap: Snapshot) -> dict:
         """The AbstractState's hybrid fields: the SWA pool and mapping (per full page, read
-        at its first index), the Mamba allocator's free list."""
+        at its first index, as `swa_page_of` reads it, from the step's snapshot), the
+        Mamba allocator's free list."""
         cfg, s = self.cfg, self.sched
         if not cfg.hybrid:
             return {}
         out = dict(swa_window=cfg.swa_window, mamba_slots=cfg.mamba_slots)
         if cfg.swa_window:
-            alloc = s.token_to_kv_pool_allocator
+            alloc, m, P = s.token_to_kv_pool_allocator, snap.swa_map, cfg.page_size
             out.update(swa_num_pages=cfg.swa_pages,
                        swa_free_pages=tuple(sorted(alloc.swa_attn_allocator.get_all_free_pages().tolist())),
                        swa_map=tuple((p, w) for p in range(1, cfg.num_pages + 1)
-                                     if (w := alloc.swa_page_of(p)) != 0))
+                                     if (w := m[p * P] // P) != 0))
         if cfg.mamba_slots:
             out.update(mamba_free=tuple(sorted(s.req_to_token_pool.mamba_allocator.free_slots.tolist())))
         return out

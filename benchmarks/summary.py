@@ -1,11 +1,12 @@
 """`make bench`: every speed figure in one run, then one summary table
-(python -m benchmarks.summary [--quick] [--parts explore,fuzz,detect,scale,check]).
+(python -m benchmarks.summary [--quick] [--force] [--parts explore,fuzz,detect,scale,check]).
 
   explore  distinct states per CPU-second on check-overlap, the old explorer vs the new
            one (same scope, same state count), and the visited set's bytes per state
   fuzz     spec+impl steps per CPU-second, Hypothesis machine vs walk engine
   detect   seconds to the first report per planted fault, both engines
-  scale    1 worker vs 2 worker processes (only when the machine has a free core)
+  scale    1 worker vs 2 worker processes: wall speedup and steps per CPU-second, with
+           the load average (only when the machine has a free core, or with --force)
   check    `kvcheck check` wall seconds by part (a subprocess, its --json report)
 
 Each figure's own module (bench_explore, bench_diff, bench_detect, bench_scale) prints
@@ -97,17 +98,23 @@ def free_cores() -> float:
     return (os.cpu_count() or 1) - os.getloadavg()[0]
 
 
-def scale_rows(quick: bool) -> list:
-    from benchmarks.bench_scale import campaign
+def scale_rows(quick: bool, force: bool = False) -> list:
+    from benchmarks.bench_scale import measure
     free = free_cores()
-    if free < 1.0:   # this process takes one core; a second worker needs another
+    if free < 1.0 and not force:   # this process takes one core; a second worker needs another
         return [("scale: 1 vs 2 workers", f"not measured: {os.cpu_count()} cores, load "
-                 f"{os.getloadavg()[0]:.1f}, no free core for a second worker")]
+                 f"{os.getloadavg()[0]:.1f}, no free core for a second worker (--force measures anyway)")]
     rounds = 40 if quick else 300
-    one, two = campaign(rounds, 3, 1), campaign(rounds, 3, 2)
-    return [("scale: 1 worker, steps/s (wall)", f"{one[2] / one[0]:,.0f}"),
-            ("scale: 2 workers, steps/s (wall)",
-             f"{two[2] / two[0]:,.0f}  (x{one[0] / two[0]:.2f}; {free:.1f} cores were free)")]
+    one, two = measure(rounds, 3, 1), measure(rounds, 3, 2)
+    note = f"{free:.1f} cores were free" + ("; forced, the wall figure is bounded by the load"
+                                            if free < 1.0 else "")
+    return [("scale: 1 worker, steps/s (wall), steps/CPU-s",
+             f"{one.steps_per_wall_s:,.0f}, {one.steps_per_cpu_s:,.0f}  (load {one.load:.1f})"),
+            ("scale: 2 workers, steps/s (wall), steps/CPU-s",
+             f"{two.steps_per_wall_s:,.0f}, {two.steps_per_cpu_s:,.0f}  (load {two.load:.1f})"),
+            ("scale: 2 workers over 1",
+             f"x{one.wall / two.wall:.2f} wall, x{two.steps_per_cpu_s / max(one.steps_per_cpu_s, 1e-9):.2f}"
+             f" steps/CPU-s  ({os.cpu_count()} cores, {note})")]
 
 
 def check_rows(quick: bool) -> list:
@@ -136,6 +143,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.summary",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small budgets (a smoke test)")
+    ap.add_argument("--force", action="store_true",
+                    help="measure 1 vs 2 workers even when the load average leaves no free core")
     ap.add_argument("--parts", type=lambda v: v.split(","), default=list(PARTS),
                     help=f"comma-separated, of {', '.join(PARTS)}")
     args = ap.parse_args(argv)
@@ -146,7 +155,7 @@ def main(argv=None) -> int:
     for part in args.parts:
         print(f"== {part}", flush=True)
         t0 = time.monotonic()
-        rows += MEASURE[part](args.quick)
+        rows += (scale_rows(args.quick, args.force) if part == "scale" else MEASURE[part](args.quick))
         print(f"   ({time.monotonic() - t0:.0f} s)", flush=True)
     print(f"\n== summary ({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
           f"{'; --quick budgets' if args.quick else ''})")

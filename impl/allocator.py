@@ -44,7 +44,8 @@ class BaseTokenToKVPoolAllocator:
         self.free_group = None
 
     def available_size(self) -> int:
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+        # shape[0] is len() without Tensor.__len__'s Python wrapper (called every step)
+        return (self.free_pages.shape[0] + self.release_pages.shape[0]) * self.page_size
 
     def get_all_free_pages(self) -> torch.Tensor:
         if len(self.release_pages) == 0:

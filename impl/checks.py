@@ -99,15 +99,19 @@ class Snapshot:
     r2t: list           # req_to_token, one list of KV indices per row
     nodes: list         # (node, path, KV indices of its key) for every node but the root
     token_of: list      # the token id whose KV each KV index holds (-1: unwritten)
+    swa_map: Optional[list] = None  # SWA: full_to_swa_index_mapping, one entry per KV index
 
 
 def snapshot(sched) -> Snapshot:
     nodes = [(n, n.path(), [] if n.value is None else n.value.tolist())
              for n in sched.radix_cache.all_nodes()]
     nodes.sort(key=lambda x: x[1])
-    return Snapshot(free=sched.token_to_kv_pool_allocator.get_all_free_pages().tolist(),
+    alloc = sched.token_to_kv_pool_allocator
+    swa = getattr(alloc, "full_to_swa_index_mapping", None)
+    return Snapshot(free=alloc.get_all_free_pages().tolist(),
                     r2t=sched.req_to_token_pool.req_to_token.tolist(), nodes=nodes,
-                    token_of=sched.kv_buffer.token_of.tolist())
+                    token_of=sched.kv_buffer.token_of.tolist(),
+                    swa_map=None if swa is None else swa.tolist())
 
 
 def holders(sched) -> list:

@@ -250,6 +250,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     drv = _Driver(c, report, console, ints, out_dir, factory, bname, shrink_replays,
                   label or ",".join(planted), start)
     executor = None
+    preload_engine(engine)
     with ints.installed(), faults.planted(*planted):
         try:
             executor = make_executor(workers, ray_address, use_ray)
@@ -266,6 +267,21 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     report.paths = dict(stats.paths)
     return report
+
+
+ENGINE_MODULES = {"walk": ("kvcheck.engines.walk",),
+                  "guided": ("kvcheck.engines.walk", "kvcheck.engines.guided"),
+                  "hypothesis": ("kvcheck.engines.hypothesis_machine",)}
+
+
+def preload_engine(engine: str) -> None:
+    """Import the modules an inline chunk of `engine` imports, before the Ctrl-C handler
+    is installed: a KeyboardInterrupt raised inside a module's import (a dataclass's
+    `__set_name__`) reaches the driver as a RuntimeError, which would end the campaign with
+    a traceback instead of exit 130."""
+    import importlib
+    for name in ENGINE_MODULES.get(engine, ()):
+        importlib.import_module(name)
 
 
 def _writable_dir(path: Path) -> Path:

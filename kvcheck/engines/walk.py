@@ -12,6 +12,7 @@ any machine replays it exactly.
 from __future__ import annotations
 
 import random
+from bisect import bisect
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Callable, Optional
@@ -81,9 +82,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
     cfg = cfg or drawn
     drawn_length = d.choice(LENGTHS, "length")
     weights = draw_swarm(d, ARGS)
-    names = list(weights)
-    cum = list(accumulate(weights[n] for n in names))
-    rng = d.rng
+    pick = weighted_pick(list(weights), list(weights.values()), d.rng)
     script = list(script or ())
     length = max(length or drawn_length, len(script))
     next_id = [max([1] + [getattr(o, a, 0) for o in script for a in ("rid", "sid")])]
@@ -102,7 +101,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
             while script and op is None:
                 op = _scripted(lock.state, script.pop(0), skip)
             if op is None:
-                op = _draw_enabled(lock.state, names, cum, rng, d, fresh, skip)
+                op = _draw_enabled(lock.state, pick, d, fresh, skip)
             if op is None:
                 continue
             seq.ops.append(op)
@@ -126,11 +125,20 @@ def _scripted(state, op, skip):
     return op
 
 
-def _draw_enabled(state, names, cum, rng, d, fresh, skip):
+def weighted_pick(names: list, weights: list, rng: random.Random) -> Callable[[], str]:
+    """`lambda: rng.choices(names, weights)[0]` with the cumulative weights and their
+    total computed once per sequence, not per draw: the same draws from the same random
+    stream (choices(cum_weights=...) is one `random()` and one bisect)."""
+    cum = list(accumulate(weights))
+    total, hi, random_ = cum[-1] + 0.0, len(cum) - 1, rng.random
+    return lambda: names[bisect(cum, random_() * total, 0, hi)]
+
+
+def _draw_enabled(state, pick, d, fresh, skip):
     """An operation the spec enables here (and no recorded finding triggers), or None."""
     ctx = Ctx(state, fresh)
     for _ in range(TRIES_PER_STEP):
-        name = rng.choices(names, cum_weights=cum)[0]
+        name = pick()
         op = ARGS[name](ctx, d)
         if op is None or not enabled(state, op):
             continue
