@@ -201,9 +201,9 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     equal signatures may leave two isomorphic states with different keys (less reduction,
     never a wrong merge). symmetric=False keeps every id as it is (no reduction)."""
     P = s.cfg.page_size
-    reqs = s.reqs
-    sessions = s.sessions
-    slots = s.slots
+    reqs = dict(s.reqs)             # plain snapshots: reading copies nothing (spec.state.CowMap)
+    sessions = dict(s.sessions)
+    slots = dict(s.slots)
 
     # ---- sessions and requests
     sid_set = set(sessions) | set(slots)
@@ -258,18 +258,12 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         rid_l = {rid: rid for rid in rid_order}
 
     # ---- nodes: path, pages, lock_ref, tick rank
-    nodes = s.nodes
-    paths = {ROOT: ()}
+    nodes = dict(s.nodes)
 
     def path(nid):
-        p = paths.get(nid)
-        if p is None:
-            n = nodes[nid]
-            p = path(n.parent) + n.key
-            paths[nid] = p
-        return p
+        return nodes[nid].path
 
-    node_list = sorted(((path(nid), n) for nid, n in nodes.items() if nid != ROOT),
+    node_list = sorted(((n.path, n) for nid, n in nodes.items() if nid != ROOT),
                        key=lambda x: x[0])
     trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
 
@@ -301,6 +295,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             row_alloc[t.row] = max(row_alloc.get(t.row, 0), t.allocated)
     rows: dict = {}
     row_keys = []
+    srows = dict(s.rows)
 
     def rl(row):
         if row is None:
@@ -309,7 +304,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         if v is None:
             v = rows[row] = (len(rows) if symmetric else row)
             n = -(-row_alloc[row] // P)
-            row_keys.append((v, tuple(pl(p) for p in s.rows[row][:n])))
+            row_keys.append((v, tuple(pl(p) for p in srows[row][:n])))
         return v
 
     def anchor(ln, locked):
@@ -398,6 +393,7 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
     cfg = sc.cfg
     ops: list = []
     live = len(s.reqs)
+    s_reqs, s_sessions = dict(s.reqs), dict(s.sessions)     # reads: no copy-on-write
     sids = range(1, sc.sessions + 1)
     for sid in sids:
         op = O.OpenSession(sid)
@@ -410,7 +406,7 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
         if M.enabled(s, op):
             ops.append(op)
     if live < sc.max_live:
-        taken = set(s.reqs) | {x.inflight_rid for x in s.sessions.values()}
+        taken = set(s_reqs) | {x.inflight_rid for x in s_sessions.values()}
         if symmetric:
             new_rids = [_fresh_rid(s, taken)]
         else:
@@ -423,7 +419,7 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
                             op = O.SubmitTurn(sid, rid, tuple(toks), mn)
                             if M.enabled(s, op):
                                 ops.append(op)
-            nplain = sum(1 for r in s.reqs.values() if not r.streaming)
+            nplain = sum(1 for r in s_reqs.values() if not r.streaming)
             if nplain < sc.plain:
                 for toks in sc.prompts:
                     for mn in sc.max_new:
@@ -498,18 +494,19 @@ def _tail_kept_mid_page(cfg, b, op, out, a):
 
 
 def _split_under_lock(cfg, b, op, out, a):
-    for nid, n in a.nodes.items():
-        if nid in b.nodes:
+    bn = dict(b.nodes)              # reads through plain snapshots: no copy-on-write
+    for nid, n in dict.items(a.nodes):
+        if nid in bn:
             continue
         for cid in n.children.values():
-            c = b.nodes.get(cid)
+            c = bn.get(cid)
             if c is not None and c.lock_ref > 0 and c.parent != nid:
                 return True
     return False
 
 
 def _deferred_close_done(cfg, b, op, out, a):
-    return any(x.close_pending and sid not in a.sessions for sid, x in b.sessions.items())
+    return any(x.close_pending and sid not in a.sessions for sid, x in dict.items(b.sessions))
 
 
 def _retract_retry_off_by_one(cfg, b, op, out, a):
@@ -567,7 +564,7 @@ def _spec_overshoot(cfg, b, op, out, a):
 
 
 def _shared_lock(cfg, b, op, out, a):
-    return any(n.lock_ref >= 2 for nid, n in a.nodes.items() if nid != ROOT)
+    return any(n.lock_ref >= 2 for nid, n in dict.items(a.nodes) if nid != ROOT)
 
 
 def _slot_lends_row(cfg, b, op, out, a):
@@ -594,7 +591,8 @@ def _mamba_pool_short(cfg, b, op, out, a):
 
 
 def _mamba_back_from_slot(cfg, b, op, out, a):
-    return any(t.mamba_pool_idx is not None and sid not in a.slots for sid, t in b.slots.items())
+    return any(t.mamba_pool_idx is not None and sid not in a.slots
+               for sid, t in dict.items(b.slots))
 
 
 HYBRID_SITUATIONS: tuple = (
@@ -670,18 +668,18 @@ def step_check_needed(b: State, op, out: str, a: State) -> bool:
     using it (see `explore`); tests check it against the full check_step."""
     if out == "rejected":
         return True
-    an, bn = a.nodes, b.nodes
-    for nid, n in bn.items():
+    an = dict(a.nodes)              # plain snapshots: reading copies nothing
+    for nid, n in dict.items(b.nodes):
         m = an.get(nid)
-        if m is None or m.parent != n.parent or m.key != n.key:
+        if m is None or (m is not n and (m.parent != n.parent or m.key != n.key)):
             return True
-    aslots = a.slots
-    for sid, t in b.slots.items():
+    aslots = dict(a.slots)
+    for sid, t in dict.items(b.slots):
         u = aslots.get(sid)
         if u is not None and (u.protected != t.protected or u.last_node != t.last_node):
             return True
-    asess = a.sessions
-    for sid, x in b.sessions.items():
+    asess = dict(a.sessions)
+    for sid, x in dict.items(b.sessions):
         y = asess.get(sid)
         if y is not None and y.checkpoint != x.checkpoint:
             return True
@@ -818,7 +816,7 @@ def explore(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                 name = op.name
                 res.op_counts[name] += 1
                 try:
-                    s2, out = M.step(s, op)
+                    s2, out = M.step(s, op, checked=True)
                 except M.ModelError as e:
                     found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
                                   str(e), d1, trace_of(idx, op))

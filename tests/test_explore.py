@@ -181,3 +181,36 @@ def test_budget_stops_cleanly_and_cli(tmp_path, capsys, monkeypatch):
     assert len(files) == 1
     data = json.loads(files[0].read_text())
     assert data["expect"]["result"] == "violation" and data["#meta"]["source"] == "explore"
+
+
+def _snapshot(s) -> str:
+    """Every field of a spec state, read without copy-on-write (plain dict snapshots)."""
+    maps = tuple(sorted(dict(m).items()) for m in (s.nodes, s.reqs, s.slots, s.sessions, s.rows))
+    return repr((maps, sorted(s.content.items()), s.free_pages, s.free_rows, s.next_node_id,
+                 s.evictable_size, s.protected_size, s.tick, s.swa_free_pages,
+                 sorted(s.full_to_swa_index_mapping.items()), s.mamba_free_slots, s.forward_iter))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "hybrid"])
+def test_a_step_never_mutates_its_argument(preset):
+    """Copy-on-write (spec.state.CowMap): on every state of the preset (depth-bounded),
+    every enabled operation leaves the state it was applied to exactly as it was, and two
+    steps from one state do not see each other's effects."""
+    sc = replace(E.PRESETS[preset][0], max_depth=6)
+    frontier, seen, checked = [M.initial_state(sc.cfg)], set(), 0
+    for _ in range(sc.max_depth):
+        nxt = []
+        for s in frontier:
+            before = _snapshot(s)
+            succ = [(op,) + M.step(s, op) for op in E.candidate_ops(s, sc)]
+            assert _snapshot(s) == before
+            for op, s2, _ in succ:
+                again, _ = M.step(s, op)
+                assert _snapshot(again) == _snapshot(s2), op
+                checked += 1
+                k = E.state_key(s2)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(s2)
+        frontier = nxt
+    assert checked > 1000
