@@ -661,17 +661,21 @@ def step_check_needed(b: State, op, out: str, a: State) -> bool:
     """A sound over-approximation of "some step invariant can fire on this transition",
     on the concrete states, so that the abstract view of a transition into an already
     visited state is built only when it matters. It covers the step invariants of
-    spec/invariants.py as they are (I10 slot fixed, I16 locked node evicted, I25 rejected
-    restore idempotent, I28 checkpoint advance): a step that removes a node or reshapes
-    one (split), changes a slot's protected length or anchor, changes a checkpoint, or is
-    a rejected schedule. When spec/ gains another step invariant the explorer stops
-    using it (see `explore`); tests check it against the full check_step."""
+    spec/invariants.py as they are: I25 (rejected restore idempotent) a rejected schedule
+    of a request that holds a row through its slot's virtual anchor; I16 (locked node
+    evicted) a step that removes a node locked before it; I10 (slot fixed) a step that
+    changes a slot's protected length or anchor (a node keeps its path for life, so an
+    unchanged anchor names the same path); I28 (checkpoint advance) a step that changes a
+    checkpoint. When spec/ gains another step invariant the explorer stops using it (see
+    `explore`); tests check it against the full check_step."""
     if out == "rejected":
-        return True
-    an = dict(a.nodes)              # plain snapshots: reading copies nothing
+        r = dict.get(b.reqs, getattr(op, "rid", None))
+        if r is not None and r.row is not None and r.last_node is not None \
+                and r.last_node[0] == "virtual":
+            return True
+    an = a.nodes                    # key lookups only: `in` copies nothing
     for nid, n in dict.items(b.nodes):
-        m = an.get(nid)
-        if m is None or (m is not n and (m.parent != n.parent or m.key != n.key)):
+        if n.lock_ref > 0 and nid not in an:
             return True
     aslots = dict(a.slots)
     for sid, t in dict.items(b.slots):
