@@ -33,8 +33,8 @@ class CowMap(dict):
     """A dict of mutable entities shared copy-on-write with the map it was forked from:
     `_own` holds the keys whose entity this map has copied (or was given) and may
     mutate; any other entity is shared and is copied by `_copy` when first handed out.
-    Iterating over keys, `in` and `len` copy nothing."""
-    __slots__ = ("_own", "_copy")
+    Iterating over keys, `in` and `len` copy nothing. The Cython build (`make cython`)
+    makes it an extension type through spec/state.pxd (C-level `m[k]`)."""
 
     def __init__(self, items=(), copy=None):
         dict.__init__(self, items)
