@@ -101,6 +101,39 @@ print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions":
 """
 
 
+BEFORE = "5caeb04"
+"""The last commit before the copy-on-write state and the tighter step prefilter: its
+explorer is the "before" row, run from `git archive` of that commit in a subprocess."""
+
+BEFORE_RUN = COMPILED_RUN.replace("from kvcheck.compiled import activate, is_compiled\nactivate()\n",
+                                  "is_compiled = lambda m: False\n")
+
+
+def before_run(sc, commit: str = BEFORE):
+    """The explorer of `commit` (interpreted) on the same scope, in a subprocess:
+    (states, transitions, cpu s), or the reason it could not run."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    from kvcheck import compiled
+    with tempfile.TemporaryDirectory() as tmp:
+        arch = subprocess.run(["git", "archive", commit, "spec", "kvcheck"], cwd=compiled.ROOT,
+                              capture_output=True)
+        if arch.returncode != 0:
+            return f"git archive {commit} failed: {arch.stderr.decode().strip()[-200:]}"
+        subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
+        p = subprocess.run([sys.executable, "-c", BEFORE_RUN, sc.name, str(sc.max_depth)],
+                           cwd=tmp, capture_output=True, text=True,
+                           env=dict(os.environ, PYTHONPATH=tmp))
+    if p.returncode != 0:
+        return f"the run of {commit} failed: {p.stderr.strip()[-300:]}"
+    d = json.loads(p.stdout)
+    return d["states"], d["transitions"], d["cpu_s"]
+
+
 def compiled_run(sc):
     """The new explorer on the Cython build (kvcheck/compiled.py) in a subprocess:
     (states, transitions, cpu s), or the reason there is no usable build."""

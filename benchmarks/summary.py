@@ -47,7 +47,20 @@ def explore_rows(quick: bool) -> list:
         ("explore: new explorer, states/CPU-s", f"{new.states / t_new:,.0f}  (x{t_old / t_new:.2f})"),
         ("explore: visited set, bytes/state old -> new",
          f"{old.bytes_per_state():,.0f} -> {new.bytes_per_state():,.0f}"),
-    ] + _compiled_row(sc, new, t_old)
+    ] + _before_rows(sc, new, t_new) + _compiled_row(sc, new, t_old)
+
+
+def _before_rows(sc, new, t_new) -> list:
+    """The explorer as it was before the copy-on-write state (bench_explore.BEFORE)."""
+    from benchmarks.bench_explore import BEFORE, before_run
+    got = before_run(sc)
+    if isinstance(got, str):
+        return [(f"explore: before the state rework ({BEFORE})", f"not measured: {got}")]
+    states, transitions, cpu = got
+    same = (states, transitions) == (new.states, new.transitions)
+    return [(f"explore: before the state rework ({BEFORE}), states/CPU-s",
+             f"{states / cpu:,.0f}; new x{cpu / t_new:.2f}"
+             + ("" if same else f" ({states:,} states: NOT THE SAME)"))]
 
 
 def _compiled_row(sc, new, t_old) -> list:

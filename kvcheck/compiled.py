@@ -1,5 +1,6 @@
 """Optional Cython compilation of the explorer's hot path, from the same .py sources
-(Cython's pure-Python mode: no .pyx, no type declarations, no second copy of anything).
+(Cython's pure-Python mode: no .pyx, no second copy of anything; a `.pxd` beside a module
+declares C types for it, and the .py still runs interpreted without Cython).
 
     make cython                                  # build (needs Cython and a C compiler)
     python -m kvcheck.compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
@@ -41,8 +42,14 @@ def _name(rel: str) -> str:
     return rel[:-3].replace("/", ".")
 
 
+def sources(root: Path = ROOT) -> list:
+    """MODULES and the Cython declarations (`.pxd`, pure-Python mode) beside them."""
+    pxds = [rel[:-3] + ".pxd" for rel in MODULES if (root / (rel[:-3] + ".pxd")).exists()]
+    return list(MODULES) + pxds
+
+
 def source_hashes(root: Path = ROOT) -> dict:
-    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in MODULES}
+    return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in sources(root)}
 
 
 def build(out=print) -> Path:

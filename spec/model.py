@@ -121,12 +121,7 @@ def _alloc_decode(s: State, row: int, pos: int) -> bool:
 
 def node_path(s: State, nid: int) -> tuple:
     """The node's full key from the root: its identity across splits."""
-    parts = []
-    while nid != ROOT:
-        n = s.nodes[nid]
-        parts.append(n.key)
-        nid = n.parent
-    return tuple(t for part in reversed(parts) for t in part)
+    return dict.__getitem__(s.nodes, nid).path     # kept on the node (a read: no copy)
 
 
 def _page_key(s: State, key: tuple, i: int) -> tuple:
@@ -148,7 +143,8 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     P = s.cfg.page_size
     child = s.nodes[child_id]
     new = Node(s.next_node_id, child.key[:split], child.pages[:split // P], child.parent,
-               {}, child.lock_ref, _creation_tick(s))
+               {}, child.lock_ref, _creation_tick(s),
+               path=child.path[:len(child.path) - len(child.key) + split])
     s.next_node_id += 1
     s.nodes[new.id] = new
     parent = s.nodes[child.parent]
@@ -209,7 +205,7 @@ def insert(s: State, key: tuple, pages: list) -> int:
     nid, i, _ = _walk(s, key)
     if i < len(key):
         leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
-                    _creation_tick(s))
+                    _creation_tick(s), path=tuple(key))
         s.next_node_id += 1
         s.nodes[leaf.id] = leaf
         s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
@@ -246,7 +242,8 @@ def dec_lock_ref(s: State, anchor) -> None:
 
 def evictable_leaves(s: State) -> list:
     """Unlocked childless nodes: what `evict` may pop (in (tick, path) order)."""
-    return [n for n in s.nodes.values() if n.id != ROOT and not n.children and n.lock_ref == 0]
+    return [n for n in dict.values(s.nodes)        # a read: no copy-on-write
+            if n.id != ROOT and not n.children and n.lock_ref == 0]
 
 
 def evict(s: State, num_tokens: int) -> int:
@@ -940,7 +937,7 @@ def _close_session(s: State, sid: int) -> str:
 # ---------------------------------------------------------------------------
 
 def _sid_in_use(s: State, sid: int) -> bool:
-    return sid in s.sessions or sid in s.slots or any(r.session == sid for r in s.reqs.values())
+    return sid in s.sessions or sid in s.slots or any(r.session == sid for r in dict.values(s.reqs))
 
 
 def _fits_context(s: State, input_len: int, max_new: int) -> bool:
@@ -974,13 +971,13 @@ def refusal(s: State, op: O.Op) -> Optional[str]:
     it, naming the part that fails."""
     cfg = s.cfg
     rid = getattr(op, "rid", None)
-    req = s.reqs.get(rid) if rid is not None else None
+    req = dict.get(s.reqs, rid) if rid is not None else None      # reads: no copy-on-write
     if refused(s, op):
         return None
     if isinstance(op, O.OpenSession):
         return f"session {op.sid} is already in use" if _sid_in_use(s, op.sid) else None
     if isinstance(op, O.SubmitTurn):
-        sess = s.sessions.get(op.sid)
+        sess = dict.get(s.sessions, op.sid)
         return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
                 or _context_refusal(s, len(sess.checkpoint if sess else ()) + len(op.new_tokens),
                                     op.max_new_tokens))
@@ -1064,9 +1061,10 @@ def enabled(s: State, op: O.Op) -> bool:
     return refusal(s, op) is None
 
 
-def step(s: State, op: O.Op) -> tuple[State, str]:
-    """Apply an enabled op to a copy of s; returns (new state, outcome)."""
-    if not enabled(s, op):
+def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:
+    """Apply an enabled op to a copy of s; returns (new state, outcome). checked: the
+    caller has just asked `enabled(s, op)` (the explorer), so the guard is not re-run."""
+    if not checked and not enabled(s, op):
         raise ValueError(f"{op} is not enabled in this state")
     answer = refused(s, op)
     if answer:                          # turned down by upstream: nothing changes

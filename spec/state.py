@@ -7,6 +7,16 @@ which token's KV a page position holds, so that a token/KV mismatch is visible.
 
 `State.clone()` is the only copy the model makes: `spec.model.step` clones, then
 mutates the clone, so a step is a pure function of (state, op).
+
+Copy on write: the entity maps (`nodes`, `reqs`, `slots`, `sessions`, `rows`) are
+`CowMap`s. `clone()` shares their entities with the source; an entity is copied the
+first time the clone hands it out (`m[k]`, `m.get(k)`, `m.values()`, `m.items()`,
+`m.pop(k)`), so a step copies only what it touches, and the model's code reads and
+mutates entities exactly as it would plain dicts. The contract that makes the sharing
+safe: a state is never mutated after it has been cloned (the model mutates only the
+clone `step` made). Readers that never mutate (the views, the explorer's state key)
+read without copying through `dict.get(m, k)` / `dict.values(m)`; tests/test_explore.py
+checks on every state of a preset that no step changes its argument.
 """
 from __future__ import annotations
 
@@ -16,6 +26,88 @@ from typing import Optional
 from spec.config import Config
 
 ROOT = 0
+_ABSENT = object()
+
+
+class CowMap(dict):
+    """A dict of mutable entities shared copy-on-write with the map it was forked from:
+    `_own` holds the keys whose entity this map has copied (or was given) and may
+    mutate; any other entity is shared and is copied by `_copy` when first handed out.
+    Iterating over keys, `in` and `len` copy nothing. The Cython build (`make cython`)
+    makes it an extension type through spec/state.pxd (C-level `m[k]`)."""
+
+    def __init__(self, items=(), copy=None):
+        dict.__init__(self, items)
+        self._own = set(dict.keys(self))
+        self._copy = copy
+
+    def fork(self) -> "CowMap":
+        """A map sharing every entity with this one; the new map owns none of them."""
+        m = CowMap.__new__(CowMap)
+        dict.update(m, self)
+        m._own = set()
+        m._copy = self._copy
+        return m
+
+    def _take(self, k, v):
+        if k in self._own:
+            return v
+        v = self._copy(v)
+        dict.__setitem__(self, k, v)
+        self._own.add(k)
+        return v
+
+    def __getitem__(self, k):
+        return self._take(k, dict.__getitem__(self, k))
+
+    def get(self, k, default=None):
+        v = dict.get(self, k, _ABSENT)
+        return default if v is _ABSENT else self._take(k, v)
+
+    def __setitem__(self, k, v):
+        dict.__setitem__(self, k, v)
+        self._own.add(k)
+
+    def __delitem__(self, k):
+        dict.__delitem__(self, k)
+        self._own.discard(k)
+
+    def pop(self, k, default=_ABSENT):
+        if k not in self:
+            if default is _ABSENT:
+                raise KeyError(k)
+            return default
+        v = self[k]
+        dict.__delitem__(self, k)
+        self._own.discard(k)
+        return v
+
+    def _take_all(self):
+        if len(self._own) != len(self):
+            for k, v in list(dict.items(self)):
+                self._take(k, v)
+
+    def values(self):
+        self._take_all()
+        return dict.values(self)
+
+    def items(self):
+        self._take_all()
+        return dict.items(self)
+
+    def copy(self):
+        raise TypeError("CowMap.copy: use fork() (sharing) or State.clone()")
+
+    def __reduce__(self):
+        return (_cowmap, (dict(dict.items(self)), self._copy))
+
+
+def _cowmap(items, copy):
+    m = CowMap((), copy)
+    for k, v in items.items():
+        m[k] = copy(v)
+    return m
+
 
 # Internal lock anchors (req.last_node / slot.last_node):
 #   None               no last_node
@@ -32,10 +124,15 @@ class Node:
     children: dict = field(default_factory=dict)   # first page of the child's key -> child id
     lock_ref: int = 0
     tick: int = 0               # last access (deterministic LRU clock)
+    path: tuple = ()            # the full key from the root: fixed for the node's life (a
+                                # split gives the new upper half its own; the lower keeps it)
 
     def copy(self) -> "Node":
-        return Node(self.id, self.key, self.pages, self.parent, dict(self.children),
-                    self.lock_ref, self.tick)
+        n = object.__new__(Node)
+        d = n.__dict__
+        d.update(self.__dict__)
+        d["children"] = dict(self.children)
+        return n
 
 
 @dataclass
@@ -104,9 +201,9 @@ class Slot:
     mamba_ping_pong_track_buffer: Optional[tuple] = None
 
     def copy(self) -> "Slot":
-        return Slot(self.row, self.committed, self.allocated, self.protected, self.last_node,
-                    self.publishes, self.swa_uuid_for_lock, self.swa_evicted_seqlen,
-                    self.mamba_pool_idx, self.mamba_ping_pong_track_buffer)
+        t = object.__new__(Slot)           # every field is immutable: a shallow copy
+        t.__dict__.update(self.__dict__)
+        return t
 
 
 @dataclass
@@ -121,9 +218,9 @@ class Session:
     last_array: Optional[int] = None    # its token array: the next turn extends it in place
 
     def copy(self) -> "Session":
-        return Session(self.sid, self.inflight_rid, self.checkpoint, self.close_pending,
-                       self.last_rid, self.committed_origin, self.last_unfinished,
-                       self.last_array)
+        x = object.__new__(Session)        # every field is immutable: a shallow copy
+        x.__dict__.update(self.__dict__)
+        return x
 
 
 @dataclass
@@ -131,15 +228,15 @@ class State:
     cfg: Config
     free_pages: list            # sorted multiset of free page ids (a double free shows twice)
     free_rows: list             # free_slots, in order
-    rows: dict                  # row -> list of page ids per row-page (None = never written)
+    rows: CowMap                  # row -> list of page ids per row-page (None = never written)
     content: dict               # page -> tuple of P token ids (None = unwritten)
-    nodes: dict                 # node id -> Node; ROOT always present
+    nodes: CowMap                 # node id -> Node; ROOT always present
     next_node_id: int
     evictable_size: int
     protected_size: int
-    reqs: dict                  # rid -> Req (live: queued, prefilling, decoding)
-    slots: dict                 # sid -> Slot
-    sessions: dict              # sid -> Session (open ones)
+    reqs: CowMap                  # rid -> Req (live: queued, prefilling, decoding)
+    slots: CowMap                 # sid -> Slot
+    sessions: CowMap              # sid -> Session (open ones)
     tick: int = 0
     # hybrid models (spec/hybrid.py): the SWA pool, full page -> SWA page, the Mamba pool
     swa_free_pages: list = field(default_factory=list)
@@ -148,19 +245,21 @@ class State:
     forward_iter: int = 0
 
     def clone(self) -> "State":
+        """A copy that shares every entity copy-on-write (see `CowMap`); from here on
+        this state must not be mutated."""
         return State(
             cfg=self.cfg,
             free_pages=list(self.free_pages),
             free_rows=list(self.free_rows),
-            rows={r: list(v) for r, v in self.rows.items()},
+            rows=self.rows.fork(),
             content=dict(self.content),
-            nodes={i: n.copy() for i, n in self.nodes.items()},
+            nodes=self.nodes.fork(),
             next_node_id=self.next_node_id,
             evictable_size=self.evictable_size,
             protected_size=self.protected_size,
-            reqs={i: r.copy() for i, r in self.reqs.items()},
-            slots={i: s.copy() for i, s in self.slots.items()},
-            sessions={i: s.copy() for i, s in self.sessions.items()},
+            reqs=self.reqs.fork(),
+            slots=self.slots.fork(),
+            sessions=self.sessions.fork(),
             tick=self.tick,
             swa_free_pages=list(self.swa_free_pages),
             full_to_swa_index_mapping=dict(self.full_to_swa_index_mapping),
@@ -176,15 +275,16 @@ def initial_state(cfg: Config) -> State:
         cfg=cfg,
         free_pages=list(range(1, cfg.num_pages + 1)),
         free_rows=list(range(cfg.num_rows)),
-        rows={r: [None] * (cfg.max_context_len // P) for r in range(cfg.num_rows)},
+        rows=CowMap(((r, [None] * (cfg.max_context_len // P)) for r in range(cfg.num_rows)),
+                    list),
         content={},
-        nodes={ROOT: Node(ROOT, (), (), None, {}, 1, 0)},
+        nodes=CowMap({ROOT: Node(ROOT, (), (), None, {}, 1, 0)}, Node.copy),
         next_node_id=1,
         evictable_size=0,
         protected_size=0,
-        reqs={},
-        slots={},
-        sessions={},
+        reqs=CowMap((), Req.copy),
+        slots=CowMap((), Slot.copy),
+        sessions=CowMap((), Session.copy),
         swa_free_pages=list(range(1, cfg.swa_pages + 1)) if cfg.swa_window else [],
         mamba_free_slots=list(range(1, cfg.mamba_slots + 1)),
     )

@@ -27,16 +27,16 @@ def anchor_view(s: State, anchor, locked: bool = True):
 def _row_pages(s: State, row, allocated: int) -> tuple:
     if row is None:
         return ()
-    return tuple(s.rows[row][:ceil_div(allocated, s.cfg.page_size)])
+    return tuple(dict.__getitem__(s.rows, row)[:ceil_div(allocated, s.cfg.page_size)])
 
 
 def abstract(s: State) -> AbstractState:
     cfg = s.cfg
-    paths = {nid: node_path(s, nid) for nid in s.nodes}
+    tree = dict(s.nodes)            # reads through plain snapshots: no copy-on-write
     nodes = tuple(sorted(
-        with_lru_ranks((NodeView(paths[n.id], paths[n.parent], n.pages, n.lock_ref)
-                        for n in s.nodes.values() if n.id != ROOT),
-                       {paths[n.id]: n.tick for n in evictable_leaves(s)}),
+        with_lru_ranks((NodeView(n.path, tree[n.parent].path, n.pages, n.lock_ref)
+                        for n in tree.values() if n.id != ROOT),
+                       {n.path: n.tick for n in evictable_leaves(s)}),
         key=lambda v: v.path))
     reqs = tuple(
         ReqView(rid=r.rid, session=r.session, streaming=r.streaming, rejected=r.rejected,
@@ -48,18 +48,18 @@ def abstract(s: State) -> AbstractState:
                 overallocated_freed=r.overallocated_freed,
                 row_pages=_row_pages(s, r.row, r.allocated),
                 swa_evicted_seqlen=r.swa_evicted_seqlen, mamba=mamba_refs(r))
-        for r in sorted(s.reqs.values(), key=lambda r: r.rid))
+        for r in sorted(dict(s.reqs).values(), key=lambda r: r.rid))
     slots = tuple(
         SlotView(sid=sid, row=t.row, committed=t.committed, allocated=t.allocated,
                  protected=t.protected, last_node=anchor_view(s, t.last_node),
                  row_pages=_row_pages(s, t.row, t.allocated),
                  swa_evicted_seqlen=t.swa_evicted_seqlen, mamba=mamba_refs(t),
                  swa_uuid_for_lock=anchor_view(s, t.swa_uuid_for_lock))
-        for sid, t in sorted(s.slots.items()))
+        for sid, t in sorted(dict(s.slots).items()))
     sessions = tuple(
         SessionView(sid=sid, inflight=x.inflight_rid is not None, checkpoint=x.checkpoint,
                     close_pending=x.close_pending)
-        for sid, x in sorted(s.sessions.items()))
+        for sid, x in sorted(dict(s.sessions).items()))
 
     def read(page, offset):
         c = s.content.get(page)

@@ -123,13 +123,31 @@ def test_reduced_and_unreduced_agree_on_all_violations(monkeypatch):
             assert a.op_first == b.op_first
 
 
+_orig_free_tail = M._free_tail
+
+
+def _free_tail_shrinking_slot(s, slot, req, prefix_len):
+    """every restore takes one more committed token off the slot, so a restore retried
+    after a rejected admission changes the slot (I25)."""
+    _orig_free_tail(s, slot, req, prefix_len)
+    slot.committed = max(0, slot.committed - 1)
+
+
+STEP_DEFECTS = {
+    "restore_shrinks_slot": ("_free_tail", _free_tail_shrinking_slot),
+}
+
+
 def test_step_prefilter_is_sound(monkeypatch):
     """Whenever check_step reports something, step_check_needed said so (correct spec and
-    planted defects, every transition of the tiny scope, without dedup shortcuts)."""
-    for defect in [None] + sorted(DEFECTS):
+    planted defects, every transition of the tiny scope, without dedup shortcuts). The
+    defects make I10 and I25 fire; I16's clause is checked on a hand-made transition."""
+    fired_ids = set()
+    defects = {**DEFECTS, **STEP_DEFECTS}
+    for defect in [None] + sorted(defects):
         with monkeypatch.context() as mp:
             if defect:
-                mp.setattr(M, *DEFECTS[defect])
+                mp.setattr(M, *defects[defect])
             sc = replace(TINY, max_depth=7)
             frontier, seen, fired = [M.initial_state(sc.cfg)], set(), 0
             for _ in range(sc.max_depth):
@@ -139,16 +157,31 @@ def test_step_prefilter_is_sound(monkeypatch):
                     for op in E.candidate_ops(s, sc):
                         try:
                             s2, out = M.step(s, op)
+                            a2 = abstract(s2)       # a defect may leave a dangling anchor
                         except Exception:
                             continue
-                        if check_step(a, op, out, abstract(s2)):
+                        vs = check_step(a, op, out, a2)
+                        if vs:
                             fired += 1
+                            fired_ids.update(v.id for v in vs)
                             assert E.step_check_needed(s, op, out, s2), (defect, op)
                         k = E.state_key(s2)
                         if k not in seen:
                             seen.add(k)
                             nxt.append(s2)
                 frontier = nxt
+    assert {"I10", "I25"} <= fired_ids, fired_ids
+    # I16: a locked node that a step removes (a defect that evicts one leaves a dangling
+    # anchor that no view can show, so the clause is checked on a hand-made transition)
+    from spec import ops as O
+    s = M.initial_state(TINY.cfg)
+    for op in (O.SubmitRequest(1, (2, 2, 3), 2), O.Schedule(1)):
+        s, _ = M.step(s, op)
+    locked = [nid for nid, n in dict.items(s.nodes) if nid != 0 and n.lock_ref > 0]
+    assert locked
+    after = s.clone()
+    del after.nodes[locked[0]]
+    assert E.step_check_needed(s, O.Evict(2), "ok", after)
 
 
 def test_state_key_is_invariant_under_renaming():
@@ -181,3 +214,36 @@ def test_budget_stops_cleanly_and_cli(tmp_path, capsys, monkeypatch):
     assert len(files) == 1
     data = json.loads(files[0].read_text())
     assert data["expect"]["result"] == "violation" and data["#meta"]["source"] == "explore"
+
+
+def _snapshot(s) -> str:
+    """Every field of a spec state, read without copy-on-write (plain dict snapshots)."""
+    maps = tuple(sorted(dict(m).items()) for m in (s.nodes, s.reqs, s.slots, s.sessions, s.rows))
+    return repr((maps, sorted(s.content.items()), s.free_pages, s.free_rows, s.next_node_id,
+                 s.evictable_size, s.protected_size, s.tick, s.swa_free_pages,
+                 sorted(s.full_to_swa_index_mapping.items()), s.mamba_free_slots, s.forward_iter))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "hybrid"])
+def test_a_step_never_mutates_its_argument(preset):
+    """Copy-on-write (spec.state.CowMap): on every state of the preset (depth-bounded),
+    every enabled operation leaves the state it was applied to exactly as it was, and two
+    steps from one state do not see each other's effects."""
+    sc = replace(E.PRESETS[preset][0], max_depth=6)
+    frontier, seen, checked = [M.initial_state(sc.cfg)], set(), 0
+    for _ in range(sc.max_depth):
+        nxt = []
+        for s in frontier:
+            before = _snapshot(s)
+            succ = [(op,) + M.step(s, op) for op in E.candidate_ops(s, sc)]
+            assert _snapshot(s) == before
+            for op, s2, _ in succ:
+                again, _ = M.step(s, op)
+                assert _snapshot(again) == _snapshot(s2), op
+                checked += 1
+                k = E.state_key(s2)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(s2)
+        frontier = nxt
+    assert checked > 1000
