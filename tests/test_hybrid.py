@@ -91,20 +91,58 @@ def test_match_stops_where_the_window_has_no_swa_kv_behind_it():
     assert H.swa_match_len(s, pages) == 0
 
 
+TOMBSTONE_CFG = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2)
+TOMBSTONE_DECODED = [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] + \
+    [O.Decode(1, 2)] * 6
+# 8 + 3 tombstoned + 1 with SWA KV < window 2 after them: usable up to the tombstones
+TOMBSTONE_SHORT = [O.SubmitRequest(2, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 9), 2), O.Schedule(2)]
+# 3 with SWA KV after them >= window: the whole match is usable
+TOMBSTONE_LONG = [O.SubmitRequest(3, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 2, 2, 9), 2), O.Schedule(3)]
+
+
 def test_a_plain_request_matches_only_the_usable_prefix_of_a_tombstoned_path():
-    cfg = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2)
-    s = run(cfg, [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] +
-            [O.Decode(1, 2)] * 6)
+    cfg = TOMBSTONE_CFG
+    s = run(cfg, TOMBSTONE_DECODED)
     assert s.reqs[1].swa_evicted_seqlen == 11           # output positions 8..10 SWA-freed
     s, _ = step(s, O.Finish(1))                         # inserted, tombstones included
-    # 8 + 3 tombstoned + 1 with SWA KV < window 2 after them: usable up to the tombstones
-    s = run_from(s, [O.SubmitRequest(2, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 9), 2), O.Schedule(2)])
+    s = run_from(s, TOMBSTONE_SHORT)
     assert s.reqs[2].prefix_len == 8
-    # 3 with SWA KV after them >= window: the whole match is usable
-    s = run_from(s, [O.SubmitRequest(3, (1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 2, 2, 2, 2, 9), 2),
-                     O.Schedule(3)])
+    s = run_from(s, TOMBSTONE_LONG)
     assert s.reqs[3].prefix_len == 14
     assert check_state(abstract(s), cfg) == []
+
+
+def test_impl_matches_a_tombstoned_path_as_the_spec_does():
+    """The sequence above in lockstep on impl/: `SWARadixCache.match_prefix`'s re-match and
+    `_swa_usable_len`'s tombstone arcs, which no generated sequence reaches
+    (docs/coverage.md, impl/swa.py:232->233, :241->242, :242->243, :242->244)."""
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    # a tight SWA pool: request 2's re-matched extend (5 tokens, not 1) must evict, so a
+    # match that kept the tombstones would show in the state (full pages on the wide pool
+    # end the same either way: the prefill result frees its duplicates of the tree's pages)
+    cfg = replace(TOMBSTONE_CFG, swa_num_pages=14)
+    ops = TOMBSTONE_DECODED + [O.Finish(1)] + TOMBSTONE_SHORT + TOMBSTONE_LONG
+    res = run_ops(cfg, ops, ImplBackend(cfg))
+    assert res.ok, res.failure.render()
+
+
+def test_impl_evicts_past_a_tombstoned_leaf_until_the_swa_pool_has_the_tokens():
+    """`evict_from_tree_cache`'s SWA loop (impl/common.py:35->37, which no generated
+    sequence reaches: docs/coverage.md): evict(13) takes the least recent leaves, request
+    1's path (14 tokens, 3 of them tombstones: 11 SWA), which leaves the SWA pool at 12 of
+    13, so it evicts request 2's leaf too. Spec and impl in lockstep."""
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    cfg = replace(TOMBSTONE_CFG, swa_num_pages=20)
+    ops = TOMBSTONE_DECODED + [O.Finish(1), O.SubmitRequest(2, tuple(range(20, 28)), 1),
+                               O.Schedule(2), O.SubmitRequest(3, tuple(range(40, 53)), 2)]
+    s = run(cfg, ops)
+    assert (len(s.swa_free_pages), s.evictable_size, H.swa_evictable_size(s)) == (1, 22, 19)
+    s, out = step(s, O.Schedule(3))
+    assert out == "ok" and s.evictable_size == 0        # both leaves went
+    res = run_ops(cfg, ops + [O.Schedule(3)], ImplBackend(cfg))
+    assert res.ok, res.failure.render()
 
 
 def run_from(s, ops):
