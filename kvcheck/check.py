@@ -46,17 +46,16 @@ def check_corpus(paths, backend: str, out=print, record=None) -> list:
 
 
 def _undrivable(trace, backend: str):
-    """Why a release cannot run this trace's configuration (the other era's design, or a
-    hybrid model its adapter does not drive: adapters/sglang/hybrid.py), or None: such a
-    trace is skipped there, and says so, instead of failing the corpus."""
+    """Why a release cannot run this trace's configuration (its refusal at start,
+    `adapters.sglang.backend.config_refusal`; the era is known from a versioned name), or
+    None: such a trace is skipped there, and says so, instead of failing the corpus."""
     if not backend.startswith("sglang"):
         return None
-    from adapters.sglang.hybrid import refusal
+    from adapters.sglang.backend import config_refusal
     from kvcheck.backends import release_era
     era = release_era(backend)
-    if era and trace.config.era != era:
-        return f"a {trace.config.era}-era trace; {backend} is a {era}-era release"
-    return refusal(trace.config, "flat" if era == "wrapper" else "other")
+    api = {"wrapper": "flat", "borrow": "borrow"}.get(era)
+    return config_refusal(trace.config, api, backend.split(":", 1)[-1].removeprefix("sglang-"))
 
 
 def planted_verdict(trace) -> tuple[str, str]:

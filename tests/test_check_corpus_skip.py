@@ -16,9 +16,11 @@ def test_a_release_skips_what_it_cannot_drive_and_says_why(tmp_path):
     # neither trace reaches the release (both are skipped first), so no sglang venv is needed
     assert check_corpus([tmp_path], "sglang:0.5.15", out=lines.append) == []
     text = "\n".join(lines)
-    assert "borrow_plain_request_overshoot.json: a borrow-era trace; sglang:0.5.15" in text
+    assert ("borrow_plain_request_overshoot.json: config.era is 'borrow' but sglang 0.5.15 is a "
+            "wrapper-era release") in text
     assert "swa_match_over_tombstones.json: config.swa_window" in text
     lines.clear()
     assert check_corpus([tmp_path], "sglang:0.5.23", out=lines.append) == [] and \
-        "swa_match_over_tombstones.json: a wrapper-era trace" in "\n".join(lines)
+        ("swa_match_over_tombstones.json: config.era is 'wrapper' but sglang 0.5.23 is a "
+         "borrow-era release") in "\n".join(lines)
     assert check_corpus([tmp_path], "impl", out=lines.append) == []

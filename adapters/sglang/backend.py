@@ -150,6 +150,18 @@ class _Live:
         self.batch = None
 
 
+def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
+    """Why a release of this `api` ('flat' | 'borrow'; None: not known yet) cannot run
+    cfg, or None: the other era's design, or a hybrid model this adapter does not drive
+    (adapters/sglang/hybrid.py). The backend refuses such a config at start; `check`'s
+    corpus skips such a trace."""
+    era = {"flat": "wrapper", "borrow": "borrow"}.get(api)
+    if era and cfg.era != era:
+        return (f"config.era is {cfg.era!r} but sglang {version} is a {era}-era release; "
+                f"run this trace with era={era!r}")
+    return hybrid.refusal(cfg, api)
+
+
 class SglangBackend:
     """kvcheck Backend over the installed sglang release (see module docstring)."""
 
@@ -160,12 +172,9 @@ class SglangBackend:
         if expect_version and expect_version != self.version:
             raise UnsupportedRelease(f"sglang {self.version} is installed here, "
                                      f"{expect_version} was asked for")
-        era = "wrapper" if self.api == "flat" else "borrow"
-        if cfg.era != era:
-            raise ConfigError(f"config.era is {cfg.era!r} but sglang {self.version} is a "
-                              f"{era}-era release; run this trace with era={era!r}")
-        if hybrid.refusal(cfg, self.api):
-            raise ConfigError(hybrid.refusal(cfg, self.api))
+        why = config_refusal(cfg, self.api, self.version)
+        if why:
+            raise ConfigError(why)
         self.name = f"sglang-{self.version}"
         self.P = cfg.page_size
         self.shadow: dict[int, int] = {}     # kv index -> token id whose KV was written
