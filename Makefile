@@ -18,6 +18,8 @@ MUTATION_MIN_SCORE ?= 75
 TRACE ?=
 CHECK_FLAGS ?=
 EXPLORE_FLAGS ?=
+# make test: one pytest worker per core (pytest-xdist); PYTEST_FLAGS= runs it in one process
+PYTEST_FLAGS ?= -n auto --dist worksteal
 
 .PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
 
@@ -34,7 +36,7 @@ check: $(STAMP)
 	$(VENV)/bin/kvcheck check $(CHECK_FLAGS)
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_FLAGS)
 
 fuzz: $(STAMP)
 	$(VENV)/bin/kvcheck fuzz $(if $(ROUNDS),--rounds $(ROUNDS),--seconds $(SECONDS)) $(if $(SEED),--seed $(SEED)) $(if $(WORKERS),--workers $(WORKERS))
@@ -87,8 +89,11 @@ check-gpu: $(STAMP)
 	$(PY) -m benchmarks.check_gpu
 
 # Real upstream releases, each in its own venv (.venv-sglang-VERSION), built from PyPI.
-sglang-env:
-	@for v in $(SGLANG_VERSIONS); do adapters/sglang/make_env.sh $$v || exit 1; done
+# one target per release, so that `make -j3 venv sglang-env` builds the three venvs side by side
+sglang-env: $(addprefix sglang-env-,$(SGLANG_VERSIONS))
+
+sglang-env-%:
+	adapters/sglang/make_env.sh $*
 
 # The differential run takes each release's recorded findings (adapters/sglang/findings.py
 # RELEASES) as known behaviour (--accept) and drives their paths instead of skipping them.
