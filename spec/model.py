@@ -683,6 +683,7 @@ def _take(s: State, req: Req) -> None:
     s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
                                 protected=req.protected,
                                 last_node=req.last_node if req.locked else None, publishes=True)
+    hybrid.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
     req.locked = False
     req.last_node = ("virtual", req.session)
 
