@@ -39,3 +39,29 @@ def test_impl_slot_takes_the_turns_mamba_refs_at_take():
     a = b.abstract()
     (req,), (slot,) = a.reqs, a.slots
     assert req.mamba and slot.mamba == req.mamba
+
+
+def test_real_0523_mamba_lives_on_the_shared_record_and_in_the_tree():
+    """The real 0.5.23 `UnifiedRadixCache` with the Mamba component production builds for a
+    hybrid SSM model (`registry.create_unified_radix_cache`), on the CPU over a real
+    `HybridReqToTokenPool` (stand-in `MambaPool`: `copy_from` recorded, nothing else
+    called). What it shows is why the adapter refuses 0.5.23 Mamba configs: the tree
+    keeps Mamba slots (a copy at every checkpoint, the request's own at a finish), which
+    the spec does not model, so the lockstep parts at the first prefill."""
+    from adapters.sglang.proxy import mamba_tree_probe, venv_python
+    if not venv_python("0.5.23").exists():
+        pytest.skip("no .venv-sglang-0.5.23")
+    r = mamba_tree_probe(Config(page_size=1, num_pages=32, num_rows=4, era="borrow",
+                                mamba_slots=6), "0.5.23")
+    by_op = r["steps"]
+    # schedule 1: the prefill's checkpoint copies the request's state into a tree slot
+    assert by_op[1]["reqs"] == {"1": [1]} and by_op[1]["tree"] == [[5, [2], 1]]
+    # finish 1: the request's own slot is donated to the new leaf, not freed
+    assert by_op[3]["mamba_free"] == [3, 4, 5, 6] and [6, [1], 0] in by_op[3]["tree"]
+    # schedule 3 (a first turn): take shares the record, so the slot holds the turn's state
+    assert by_op[9]["slots"] == {"1": [5]} and by_op[9]["reqs"] == {"3": [5]}
+    # close_session: `_free_slot_mamba` returns the slot's state; the tree keeps its copies
+    assert by_op[11]["mamba_free"] == [3, 5] and by_op[11]["slots"] == {}
+    assert r["copies"] == [[[1], [2]], [[3], [4]], [[5], [6]]]
+    d = r["first_divergence"]
+    assert (d["step"], d["op"], d["id"]) == (1, "schedule", "I44")
