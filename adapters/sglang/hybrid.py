@@ -26,7 +26,62 @@ full_/swa_); `swa_uuid_for_lock` is the node where the SWA lock reached the wind
 (`EvictParams(num_tokens=n - full_available, swa_num_tokens=n - swa_available)`),
 while the spec's wrapper-era rule evicts n full tokens then leaves until the SWA pool
 has n. Any of those would read as a divergence on the first eviction or restore.
-Also not driven: a hybrid config on 0.5.22+ (Mamba lives on `req.kv` there).
+Mamba on 0.5.23 (borrow era; issue 15 item 4): refused, because the one production
+pairing whose tree keeps no Mamba state (`--disable-radix-cache`) is a tree mode the spec
+does not model, and every other one keeps them in the tree. The pool, the allocator and the session paths would
+run for real (the pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots`
+and `ple_window_cache`; the refs live on `req.kv`, a `ReqKvInfo`, read through
+`kv_record`): `take` makes the turn's record the slot's (`slot.kv is req.kv`, Mamba refs
+included, from the first row allocation), `release_session` ends with `_free_slot_mamba`,
+which frees only the track entries `mamba_ping_pong_empty` marks allocated, and an
+aborted turn gets the record back and is released like a plain request. But a hybrid SSM
+model always gets `UnifiedRadixCache` with a MAMBA component (`registry.py`
+`create_unified_radix_cache` l.149-169, with or without `--disable-radix-cache`), and
+with the radix cache on `release_kv_cache` (`common.py` l.400-444) no longer frees a request's Mamba
+state itself: `checkpoint_into_tree` (`unified_radix_cache.py` l.1164) lets
+`MambaComponent.prepare_for_caching_req` (`components/mamba.py` l.604-680) copy the
+request's state into a fresh slot for the node a checkpoint ends on (prefill, chunk, the
+first turn's prompt) and donate the request's own slot to the node a finished request
+ends on (`cleanup_after_caching_req` l.684-727 frees it only when the node already had
+one). With `--disable-radix-cache` (`params.disable`) `checkpoint_into_tree` returns at
+once and, for a finished request, `cleanup_after_caching_req` frees its state
+(`free_mamba_cache`), as the spec's plain release does; but the tree then matches and
+keeps nothing, a mode kvcheck's spec and impl/ do not have. A FULL-only tree with the
+hybrid pool is no production pairing and leaks every plain request's slot (nothing else
+frees it). `mamba_tree_probe` runs the real pairing
+on the CPU (the MAMBA component constructs; `MambaPool.copy_from` is the one stand-in
+call, recorded, and `seed_server_args` gives the model's `mamba_cache_chunk_size`)
+beside the spec: the lockstep parts at the first prefill (I44 on the release: "Mamba
+slot 2 is neither free nor held", it is the tree's).
+
+The Mamba tree side, on either release (what production runs, what kvcheck runs
+instead): production pairs a hybrid SSM model with `MambaRadixCache` (0.5.15, wrapped by
+`StreamingSession`) or `UnifiedRadixCache`'s MAMBA component (0.5.23). Per tree node they
+keep an optional Mamba state (`mamba_value` / `component_data[MAMBA].value`, one slot;
+a node without one is a Mamba tombstone: it keeps its KV but cannot end a match), a
+Mamba lock count beside the full one (`inc_lock_ref` locks only the node's own state,
+the full lock goes up the path), a Mamba LRU of their own and a Mamba evictable /
+protected count. A match ends at the deepest node with a state (the full-KV hit past it
+is re-prefilled); 0.5.23 then copies that state into a fresh request slot
+(`finalize_match_result_in_cache` l.196, copy-on-write, `cow_mamba` on by default). An
+allocation short of slots evicts states (`allocation.ensure_mamba_capacity`,
+`MambaComponent._alloc_mamba_slot`): internal nodes lose only their state, leaves go
+whole, and a full eviction of a leaf frees its state too. With the extra buffer the
+state a checkpoint donates is the ping-pong entry the forward tracked
+(`mamba_last_track_seqlen`, set by the scheduler's result processing at
+`mamba_track_interval` boundaries), which kvcheck's glue does not emulate. kvcheck runs
+instead, on 0.5.15 only, a plain `RadixCache` (under the real `StreamingSession`) over
+the real `HybridReqToTokenPool`, where `release_kv_cache` frees a plain request's
+state and the tree holds none; the spec (spec/hybrid.py) models exactly that, and its
+state has no per-node Mamba field. Hidden by it: a Mamba state leaked or freed twice on
+tree paths (donation when the node already has one, the copy at a checkpoint whose
+insert added nothing, eviction of a locked or tombstoned state), Mamba lock imbalance
+(a request that locks a node with a state and unlocks after it was tombstoned), a match
+that ends on a tombstone, the copy-on-write slot a match takes (held across a rejected
+admission), and the Mamba accounting identities that count tree-held
+states (0.5.23 `SchedulerInvariantChecker` with `is_hybrid_ssm`). What stays covered:
+the pool, the allocator, and every session path that moves, shares or frees a Mamba
+ref (I44, I45; finding M1).
 """
 from __future__ import annotations
 
