@@ -228,7 +228,7 @@ class SglangBackend:
             self.sess_obj = self.cache
         else:
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-            params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
+            params = CacheInitParams(disable=cfg.disable_radix_cache, req_to_token_pool=self.pool,
                                      token_to_kv_pool_allocator=self.alloc, page_size=P,
                                      tree_core_backend="python", **hybrid.cache_params(cfg))
             self.cache = UnifiedRadixCache(params)

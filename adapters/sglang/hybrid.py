@@ -26,16 +26,18 @@ full_/swa_); `swa_uuid_for_lock` is the node where the SWA lock reached the wind
 (`EvictParams(num_tokens=n - full_available, swa_num_tokens=n - swa_available)`),
 while the spec's wrapper-era rule evicts n full tokens then leaves until the SWA pool
 has n. Any of those would read as a divergence on the first eviction or restore.
-Mamba on 0.5.23 (borrow era; issue 15 item 4): refused, because the one production
-pairing whose tree keeps no Mamba state (`--disable-radix-cache`) is a tree mode the spec
-does not model, and every other one keeps them in the tree. The pool, the allocator and the session paths would
-run for real (the pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots`
+Mamba on 0.5.23 (borrow era; issue 15 item 4): driven with the radix cache disabled
+(`config.disable_radix_cache`, `--disable-radix-cache`: `UnifiedRadixCache` with FULL +
+MAMBA components and `disable` set), the one production pairing whose tree keeps no Mamba
+state; refused with the tree on (below). Driven for real: the pool, the allocator and the
+session paths (the pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots`
 and `ple_window_cache`; the refs live on `req.kv`, a `ReqKvInfo`, read through
 `kv_record`): `take` makes the turn's record the slot's (`slot.kv is req.kv`, Mamba refs
 included, from the first row allocation), `release_session` ends with `_free_slot_mamba`,
 which frees only the track entries `mamba_ping_pong_empty` marks allocated, and an
-aborted turn gets the record back and is released like a plain request. But a hybrid SSM
-model always gets `UnifiedRadixCache` with a MAMBA component (`registry.py`
+aborted turn gets the record back and is released like a plain request, through
+`MambaComponent.cleanup_after_caching_req` (`free_mamba_cache`, keep none). Why the tree
+must be off: a hybrid SSM model always gets `UnifiedRadixCache` with a MAMBA component (`registry.py`
 `create_unified_radix_cache` l.149-169, with or without `--disable-radix-cache`), and
 with the radix cache on `release_kv_cache` (`common.py` l.400-444) no longer frees a request's Mamba
 state itself: `checkpoint_into_tree` (`unified_radix_cache.py` l.1164) lets
@@ -46,13 +48,16 @@ ends on (`cleanup_after_caching_req` l.684-727 frees it only when the node alrea
 one). With `--disable-radix-cache` (`params.disable`) `checkpoint_into_tree` returns at
 once and, for a finished request, `cleanup_after_caching_req` frees its state
 (`free_mamba_cache`), as the spec's plain release does; but the tree then matches and
-keeps nothing, a mode kvcheck's spec and impl/ do not have. A FULL-only tree with the
+keeps nothing, which the spec and impl/ model as `config.disable_radix_cache` (match
+nothing, insert nothing, free the whole row). A FULL-only tree with the
 hybrid pool is no production pairing and leaks every plain request's slot (nothing else
-frees it). `mamba_tree_probe` runs the real pairing
+frees it). `mamba_tree_probe` runs the real pairing with the tree on,
 on the CPU (the MAMBA component constructs; `MambaPool.copy_from` is the one stand-in
 call, recorded, and `seed_server_args` gives the model's `mamba_cache_chunk_size`)
 beside the spec: the lockstep parts at the first prefill (I44 on the release: "Mamba
-slot 2 is neither free nor held", it is the tree's).
+slot 2 is neither free nor held", it is the tree's). With the tree off, 100 drawn
+sequences of 48 steps (`config_kw`'s `mamba-no-radix` draws, all extra-buffer modes)
+pass in lockstep (docs/semantics.md, "Where the eras differ").
 
 The Mamba tree side, on either release (what production runs, what kvcheck runs
 instead): production pairs a hybrid SSM model with `MambaRadixCache` (0.5.15, wrapped by
@@ -70,9 +75,9 @@ whole, and a full eviction of a leaf frees its state too. With the extra buffer 
 state a checkpoint donates is the ping-pong entry the forward tracked
 (`mamba_last_track_seqlen`, set by the scheduler's result processing at
 `mamba_track_interval` boundaries), which kvcheck's glue does not emulate. kvcheck runs
-instead, on 0.5.15 only, a plain `RadixCache` (under the real `StreamingSession`) over
-the real `HybridReqToTokenPool`, where `release_kv_cache` frees a plain request's
-state and the tree holds none; the spec (spec/hybrid.py) models exactly that, and its
+instead a plain `RadixCache` under the real `StreamingSession` on 0.5.15 and the
+disabled `UnifiedRadixCache` on 0.5.23, over the real `HybridReqToTokenPool`, where a
+plain request's release frees its state and the tree holds none; the spec (spec/hybrid.py) models exactly that, and its
 state has no per-node Mamba field. Hidden by it: a Mamba state leaked or freed twice on
 tree paths (donation when the node already has one, the copy at a checkpoint whose
 insert added nothing, eviction of a locked or tombstoned state), Mamba lock imbalance
@@ -95,11 +100,11 @@ def refusal(cfg, api: str):
                 "SWARadixCache, 0.5.23 UnifiedRadixCache's SWA component; the allocator "
                 "itself runs on the CPU: adapters/sglang/hybrid.py); use swa_window=0 with "
                 "--backend sglang")
-    if cfg.mamba_slots and api != "flat":
+    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
                 "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "
-                "spec does not model them (adapters/sglang/hybrid.py); Mamba configs run on "
-                "0.5.15 only")
+                "spec does not model them (adapters/sglang/hybrid.py); use "
+                "disable_radix_cache=True (a tree that keeps none) or sglang 0.5.15")
     return None
 
 
