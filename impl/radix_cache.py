@@ -261,7 +261,8 @@ class RadixCache:
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed].to(I64)
         n_keys = self.page_align_len(committed)
         protected = req.cache_protected_len
-        if is_insert and not self.disable:      # disabled: the row is freed
+        is_insert = is_insert and not self.disable      # disabled: the row is freed
+        if is_insert:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])
             self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
