@@ -39,6 +39,7 @@ class ImplBackend:
             swa_window=cfg.swa_window, swa_num_pages=cfg.swa_num_pages,
             swa_eviction_interval=cfg.swa_eviction_interval, mamba_slots=cfg.mamba_slots,
             mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
+            disable_radix_cache=cfg.disable_radix_cache,
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------

@@ -56,6 +56,7 @@ class RadixCache:
         self.page_size = page_size
         self.device = device
         self.split_at_prompt = False      # borrow era: checkpoint_into_tree's prompt split
+        self.disable = False              # borrow era --disable-radix-cache: keeps nothing
         self.reset()
 
     def reset(self) -> None:
@@ -98,7 +99,9 @@ class RadixCache:
     # -- match / split / insert ---------------------------------------------------
     def match_prefix(self, key) -> tuple:
         """(device_indices, last_node): the longest cached page-aligned prefix of key.
-        Splits a node when the match ends inside it. Takes no lock."""
+        Splits a node when the match ends inside it. Takes no lock. Disabled: nothing."""
+        if self.disable:
+            return torch.empty(0, dtype=I64, device=self.device), self.root_node
         key = tuple(key)[: self.page_align_len(len(key))]
         self.tick += 1
         t = self.tick
@@ -218,7 +221,9 @@ class RadixCache:
     # -- request caching (inner radix paths) ----------------------------------------------
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         """Insert the page-aligned fill_ids[:end]; free duplicates; re-match; rewrite the
-        row; move the lock; cache_protected_len = len(new_indices)."""
+        row; move the lock; cache_protected_len = len(new_indices). Disabled: nothing."""
+        if self.disable:
+            return
         end = req.pop_committed_kv_cache() if "unfinished_pops_committed" in faults.ACTIVE \
             else req.kv_committed_len
         token_ids = req.fill_ids[:end]
@@ -256,6 +261,7 @@ class RadixCache:
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed].to(I64)
         n_keys = self.page_align_len(committed)
         protected = req.cache_protected_len
+        is_insert = is_insert and not self.disable      # disabled: the row is freed
         if is_insert:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])

@@ -52,7 +52,7 @@ class Scheduler:
                  device=None, need_sort: bool = True, debug_mode: Optional[bool] = None,
                  swa_window: int = 0, swa_num_pages: Optional[int] = None,
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
-                 mamba_extra_buffer: str = "off"):
+                 mamba_extra_buffer: str = "off", disable_radix_cache: bool = False):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -87,6 +87,7 @@ class Scheduler:
                                                              need_sort=need_sort, debug_mode=debug_mode)
             self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
                                           page_size, self.device)
+        self.radix_cache.disable = disable_radix_cache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
         self.session_controller = SessionController(self.tree_cache)

@@ -229,6 +229,8 @@ class StreamingSession:
                            last_node=req.last_node if req.lock_held else None,
                            cache_protected_len=req.cache_protected_len)
         slot.publishes = True
+        slot.mamba_pool_idx = req.mamba_pool_idx        # one record: the Mamba refs too
+        slot.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
         self.slots[sid] = slot
         req.lock_held = False
         req.last_node = slot.virtual_node

@@ -25,9 +25,10 @@ def release_era(name: str):
 def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     """The generators' configuration constraints for a backend (gen.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
-    Mamba pool on the wrapper era only, without the lazy track buffer, whose finding M1
-    is checked by its trace (docs/upstream-findings.md); SWA on no release: its tree is
-    not driven, adapters/sglang/hybrid.py)."""
+    Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
+    checked by its trace (docs/upstream-findings.md), and on the borrow era with the
+    radix cache disabled (its Mamba tree is not modelled); SWA on no release: its tree
+    is not driven, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -37,7 +38,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if accept:
         kw["accept"] = accept
     if name.startswith("sglang"):
-        kw.update({"hybrid_kinds": ("mamba-no-lazy",)} if era == "wrapper" else {"hybrid": False})
+        kw["hybrid_kinds"] = ("mamba-no-lazy",) if era == "wrapper" else ("mamba-no-radix",)
     return kw
 
 

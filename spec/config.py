@@ -36,6 +36,8 @@ MambaExtraBuffer = Literal["off", "eager", "lazy"]
 HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
                    "mamba_slots": 0, "mamba_extra_buffer": "off"}
 """The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
+TREE_DEFAULTS = {"disable_radix_cache": False}
+"""The tree's settings at their default: a trace omits them at these values."""
 ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
 """The KV allocator's settings and the values traces written before them ran with: a
 trace omits them at these values."""
@@ -78,6 +80,12 @@ class Config:
     mamba_extra_buffer: MambaExtraBuffer = "off"
     """The ping-pong track buffers: `eager` allocates 2 slots under overlap (else 1) with
     the request's state, `lazy` allocates 1 and leaves the second -1 (the sentinel)."""
+    disable_radix_cache: bool = False
+    """`--disable-radix-cache`, borrow era only: 0.5.22+ keeps `UnifiedRadixCache` with
+    `disable` set, whose match finds nothing, whose checkpoints insert nothing and whose
+    release frees the whole row; the streaming slots work as with the tree on (0.5.15
+    builds a `ChunkCache` instead: not modelled). A hybrid SSM model's tree then keeps
+    no Mamba state (adapters/sglang/hybrid.py)."""
     need_sort: bool = True
     """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
     and sorted into `free_pages` when an allocation runs short (upstream sets it under
@@ -123,7 +131,7 @@ class Config:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for k, off in {**HYBRID_DEFAULTS, **ALLOCATOR_DEFAULTS}.items():  # older traces stay as they were
+        for k, off in {**HYBRID_DEFAULTS, **TREE_DEFAULTS, **ALLOCATOR_DEFAULTS}.items():  # older traces stay as they were
             if d[k] == off:
                 del d[k]
         return d
@@ -145,6 +153,9 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
     if not cfg.mamba_slots and cfg.mamba_extra_buffer != "off":
         return "config.mamba_extra_buffer needs config.mamba_slots >= 1 (0 = no Mamba pool)"
+    if cfg.disable_radix_cache and cfg.era != "borrow":
+        return ("config.disable_radix_cache needs era='borrow' (0.5.15's disabled cache is a "
+                "ChunkCache, which kvcheck does not model)")
     if cfg.mamba_extra_buffer == "lazy" and cfg.spec_enabled:
         return ("config.mamba_extra_buffer 'lazy' with spec_enabled: upstream refuses it "
                 "(server_args: extra_buffer_lazy unsupported with spec); use 'eager' or 'off'")

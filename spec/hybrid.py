@@ -199,7 +199,8 @@ def swa_dead_pages(s: State, holder, start: int, end: int) -> set:
 
 def sync_borrowed(slot: Slot, req: Req, acting: bool) -> None:
     """Borrow era: the turn runs on the slot's record (`req.kv is slot.kv`), whose
-    `component_evicted_seqlens` and Mamba refs are one; the acting turn wrote them last."""
+    `component_evicted_seqlens` and Mamba refs are one; the acting turn wrote them last.
+    (The Mamba refs are shared from `take` on: `_take` gives the slot the turn's.)"""
     if acting:
         slot.swa_evicted_seqlen = req.swa_evicted_seqlen
     req.swa_evicted_seqlen = slot.swa_evicted_seqlen

@@ -193,7 +193,10 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
 
 def match_prefix(s: State, key: tuple) -> tuple[int, list]:
     """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
-    returns (last node id, matched page ids). Takes no lock."""
+    returns (last node id, matched page ids). Takes no lock. A disabled tree matches
+    nothing (`_match_tree`: `empty_match_result`)."""
+    if s.cfg.disable_radix_cache:
+        return ROOT, []
     nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)])
     return nid, pages
 
@@ -278,7 +281,10 @@ def evict_from_tree_cache(s: State, n: int) -> None:
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
     """Inner `RadixCache.cache_unfinished_req` (DOMAIN.md 2.4): the page-aligned
-    committed prefix moves into the tree and the lock moves with it."""
+    committed prefix moves into the tree and the lock moves with it. A disabled tree
+    (`checkpoint_into_tree`: `if self.disable`) keeps nothing and moves no lock."""
+    if s.cfg.disable_radix_cache:
+        return
     P = s.cfg.page_size
     row = s.rows[req.row]
     keys_len = floor_align(req.committed, P)
@@ -316,7 +322,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     committed = req.committed
     req.committed_freed = True                      # pop_committed_kv_cache
     keys_len = floor_align(committed, P)
-    if is_insert:
+    if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P])
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
@@ -683,6 +689,7 @@ def _take(s: State, req: Req) -> None:
     s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
                                 protected=req.protected,
                                 last_node=req.last_node if req.locked else None, publishes=True)
+    hybrid.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
     req.locked = False
     req.last_node = ("virtual", req.session)
 

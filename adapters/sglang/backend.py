@@ -126,6 +126,7 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # release_kv_cache asserts committed == allocated unless a speculative
         # algorithm is configured (speculative decoding over-allocates).
         args.speculative_algorithm = "EAGLE"
+    hybrid.seed_server_args(args)
     set_global_server_args_for_scheduler(args)
     if _SETUP["api"] == "borrow":
         from sglang.srt.runtime_context import get_parallel
@@ -165,14 +166,17 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
 class SglangBackend:
     """kvcheck Backend over the installed sglang release (see module docstring)."""
 
-    def __init__(self, cfg: Config, expect_version: str | None = None) -> None:
+    def __init__(self, cfg: Config, expect_version: str | None = None,
+                 refuse: bool = True) -> None:
         self.cfg = cfg
         info = process_setup(cfg.page_size, cfg.spec_enabled)
         self.version, self.api = info["version"], info["api"]
         if expect_version and expect_version != self.version:
             raise UnsupportedRelease(f"sglang {self.version} is installed here, "
                                      f"{expect_version} was asked for")
-        why = config_refusal(cfg, self.api, self.version)
+        # refuse=False: a probe (adapters/sglang/hybrid.py) builds a refused config to show
+        # what the release does with it
+        why = config_refusal(cfg, self.api, self.version) if refuse else None
         if why:
             raise ConfigError(why)
         self.name = f"sglang-{self.version}"
@@ -223,12 +227,10 @@ class SglangBackend:
             self.tree = self.cache.inner
             self.sess_obj = self.cache
         else:
-            from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-            params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
+            params = CacheInitParams(disable=cfg.disable_radix_cache, req_to_token_pool=self.pool,
                                      token_to_kv_pool_allocator=self.alloc, page_size=P,
-                                     tree_components=(ComponentType.FULL,),
-                                     tree_core_backend="python")
+                                     tree_core_backend="python", **hybrid.cache_params(cfg))
             self.cache = UnifiedRadixCache(params)
             self.tree = self.cache
             self.sess_obj = self.cache.session

@@ -26,7 +26,67 @@ full_/swa_); `swa_uuid_for_lock` is the node where the SWA lock reached the wind
 (`EvictParams(num_tokens=n - full_available, swa_num_tokens=n - swa_available)`),
 while the spec's wrapper-era rule evicts n full tokens then leaves until the SWA pool
 has n. Any of those would read as a divergence on the first eviction or restore.
-Also not driven: a hybrid config on 0.5.22+ (Mamba lives on `req.kv` there).
+Mamba on 0.5.23 (borrow era; issue 15 item 4): driven with the radix cache disabled
+(`config.disable_radix_cache`, `--disable-radix-cache`: `UnifiedRadixCache` with FULL +
+MAMBA components and `disable` set), the one production pairing whose tree keeps no Mamba
+state; refused with the tree on (below). Driven for real: the pool, the allocator and the
+session paths (the pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots`
+and `ple_window_cache`; the refs live on `req.kv`, a `ReqKvInfo`, read through
+`kv_record`): `take` makes the turn's record the slot's (`slot.kv is req.kv`, Mamba refs
+included, from the first row allocation), `release_session` ends with `_free_slot_mamba`,
+which frees only the track entries `mamba_ping_pong_empty` marks allocated, and an
+aborted turn gets the record back and is released like a plain request, through
+`MambaComponent.cleanup_after_caching_req` (`free_mamba_cache`, keep none). Why the tree
+must be off: a hybrid SSM model always gets `UnifiedRadixCache` with a MAMBA component (`registry.py`
+`create_unified_radix_cache` l.149-169, with or without `--disable-radix-cache`), and
+with the radix cache on `release_kv_cache` (`common.py` l.400-444) no longer frees a request's Mamba
+state itself: `checkpoint_into_tree` (`unified_radix_cache.py` l.1164) lets
+`MambaComponent.prepare_for_caching_req` (`components/mamba.py` l.604-680) copy the
+request's state into a fresh slot for the node a checkpoint ends on (prefill, chunk, the
+first turn's prompt) and donate the request's own slot to the node a finished request
+ends on (`cleanup_after_caching_req` l.684-727 frees it only when the node already had
+one). With `--disable-radix-cache` (`params.disable`) `checkpoint_into_tree` returns at
+once and, for a finished request, `cleanup_after_caching_req` frees its state
+(`free_mamba_cache`), as the spec's plain release does; but the tree then matches and
+keeps nothing, which the spec and impl/ model as `config.disable_radix_cache` (match
+nothing, insert nothing, free the whole row). A FULL-only tree with the
+hybrid pool is no production pairing and leaks every plain request's slot (nothing else
+frees it). `mamba_tree_probe` runs the real pairing with the tree on,
+on the CPU (the MAMBA component constructs; `MambaPool.copy_from` is the one stand-in
+call, recorded, and `seed_server_args` gives the model's `mamba_cache_chunk_size`)
+beside the spec: the lockstep parts at the first prefill (I44 on the release: "Mamba
+slot 2 is neither free nor held", it is the tree's). With the tree off, 100 drawn
+sequences of 48 steps (`config_kw`'s `mamba-no-radix` draws, all extra-buffer modes)
+pass in lockstep (docs/semantics.md, "Where the eras differ").
+
+The Mamba tree side, on either release (what production runs, what kvcheck runs
+instead): production pairs a hybrid SSM model with `MambaRadixCache` (0.5.15, wrapped by
+`StreamingSession`) or `UnifiedRadixCache`'s MAMBA component (0.5.23). Per tree node they
+keep an optional Mamba state (`mamba_value` / `component_data[MAMBA].value`, one slot;
+a node without one is a Mamba tombstone: it keeps its KV but cannot end a match), a
+Mamba lock count beside the full one (`inc_lock_ref` locks only the node's own state,
+the full lock goes up the path), a Mamba LRU of their own and a Mamba evictable /
+protected count. A match ends at the deepest node with a state (the full-KV hit past it
+is re-prefilled); 0.5.23 then copies that state into a fresh request slot
+(`finalize_match_result_in_cache` l.196, copy-on-write, `cow_mamba` on by default). An
+allocation short of slots evicts states (`allocation.ensure_mamba_capacity`,
+`MambaComponent._alloc_mamba_slot`): internal nodes lose only their state, leaves go
+whole, and a full eviction of a leaf frees its state too. With the extra buffer the
+state a checkpoint donates is the ping-pong entry the forward tracked
+(`mamba_last_track_seqlen`, set by the scheduler's result processing at
+`mamba_track_interval` boundaries), which kvcheck's glue does not emulate. kvcheck runs
+instead a plain `RadixCache` under the real `StreamingSession` on 0.5.15 and the
+disabled `UnifiedRadixCache` on 0.5.23, over the real `HybridReqToTokenPool`, where a
+plain request's release frees its state and the tree holds none; the spec (spec/hybrid.py) models exactly that, and its
+state has no per-node Mamba field. Hidden by it: a Mamba state leaked or freed twice on
+tree paths (donation when the node already has one, the copy at a checkpoint whose
+insert added nothing, eviction of a locked or tombstoned state), Mamba lock imbalance
+(a request that locks a node with a state and unlocks after it was tombstoned), a match
+that ends on a tombstone, the copy-on-write slot a match takes (held across a rejected
+admission), and the Mamba accounting identities that count tree-held
+states (0.5.23 `SchedulerInvariantChecker` with `is_hybrid_ssm`). What stays covered:
+the pool, the allocator, and every session path that moves, shares or frees a Mamba
+ref (I44, I45; finding M1).
 """
 from __future__ import annotations
 
@@ -40,8 +100,11 @@ def refusal(cfg, api: str):
                 "SWARadixCache, 0.5.23 UnifiedRadixCache's SWA component; the allocator "
                 "itself runs on the CPU: adapters/sglang/hybrid.py); use swa_window=0 with "
                 "--backend sglang")
-    if cfg.mamba_slots and api != "flat":
-        return "config.mamba_slots: the Mamba pool is driven on the wrapper era (0.5.15) only"
+    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
+        return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
+                "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "
+                "spec does not model them (adapters/sglang/hybrid.py); use "
+                "disable_radix_cache=True (a tree that keeps none) or sglang 0.5.15")
     return None
 
 
@@ -89,8 +152,21 @@ def swa_probe(cfg) -> dict:
                 stub_calls=shim.calls())
 
 
+class MambaPoolStandIn(types.SimpleNamespace):
+    """What the bookkeeping reads of `MambaPool` (its `size`; no ReplaySSM: the
+    `replayssm_*` cursors None). Its one state operation, `copy_from(src, dst)` (0.5.23's
+    Mamba tree component copies a request's state into a tree slot at a checkpoint),
+    copies no tensor: each call is recorded in `copies` as (src, dst) slot ids."""
+
+    def copy_from(self, src_index, dst_index) -> None:
+        self.copies.append((src_index.tolist(), dst_index.tolist()))
+
+
 def hybrid_req_to_token_pool(cfg):
-    """A real `HybridReqToTokenPool` over a stand-in `MambaPool` (see module docstring)."""
+    """A real `HybridReqToTokenPool` over a stand-in `MambaPool` (see module docstring).
+    0.5.23's `__init__` sets two more attributes its bookkeeping reads
+    (`mamba_initial_tracking_slots`, `allocation_sizing.get_mamba_tracking_slots`;
+    `ple_window_cache`)."""
     import torch
     from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator
     from sglang.srt.mem_cache.memory_pool import HybridReqToTokenPool, ReqToTokenPool
@@ -101,10 +177,14 @@ def hybrid_req_to_token_pool(cfg):
     pool.mamba_ping_pong_track_buffer_size = 2 if cfg.overlap else 1
     pool.enable_mamba_extra_buffer = cfg.mamba_extra_buffer != "off"
     pool.enable_mamba_extra_buffer_lazy = cfg.mamba_extra_buffer == "lazy"
+    pool.mamba_initial_tracking_slots = 0 if not pool.enable_mamba_extra_buffer else (
+        1 if pool.enable_mamba_extra_buffer_lazy else pool.mamba_ping_pong_track_buffer_size)
+    pool.ple_window_cache = None
     pool.enable_memory_saver = False
     pool.start_layer = 0
     pool.layer_transfer_counter = None
-    pool.mamba_pool = types.SimpleNamespace(size=cfg.mamba_slots, replayssm_write_pos=None)
+    pool.mamba_pool = MambaPoolStandIn(size=cfg.mamba_slots, replayssm_write_pos=None,
+                                       replayssm_spec_write_pos=None, copies=[])
     pool.mamba_allocator = MambaSlotAllocator(size=cfg.mamba_slots, device="cpu")
     pool.mamba_map = {}
     pool.mamba_ckpt_pool = None
@@ -117,22 +197,107 @@ def hybrid_req_to_token_pool(cfg):
     return pool
 
 
+def kv_record(holder):
+    """Where a request's or slot's Mamba refs live: the holder itself in 0.5.15, its
+    `ReqKvInfo` (`holder.kv`, shared by a slot and the turn borrowing it) in 0.5.22+."""
+    return getattr(holder, "kv", holder)
+
+
+MAMBA_CHUNK = 64
+"""`mamba_cache_chunk_size` without a model config: FLA's `CHUNK_SIZE`, the value 0.5.23
+falls back to when the model declares no `mamba_chunk_size` (`arg_groups/overrides.py`
+l.1897-1917)."""
+
+
+def seed_server_args(args) -> None:
+    """0.5.23's Mamba tree component reads `mamba_cache_chunk_size` at construction, from
+    the model's HF config, which a dummy model path cannot load; upstream's own fixtures
+    pre-seed `_mamba_cache_chunk_size`, which `overrides.mamba_cache_chunk_size` honours."""
+    args._mamba_cache_chunk_size = MAMBA_CHUNK
+
+
+def cache_params(cfg) -> dict:
+    """The `CacheInitParams` fields of 0.5.23's `UnifiedRadixCache` for cfg: the tree
+    components `create_unified_radix_cache` (`mem_cache/registry.py` l.160-167) picks
+    (FULL, plus MAMBA for a hybrid SSM model) and the extra-buffer flags."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    if not cfg.mamba_slots:
+        return dict(tree_components=(ComponentType.FULL,))
+    return dict(tree_components=(ComponentType.FULL, ComponentType.MAMBA),
+                enable_mamba_extra_buffer=cfg.mamba_extra_buffer != "off",
+                enable_mamba_extra_buffer_lazy=cfg.mamba_extra_buffer == "lazy")
+
+
+def tree_mamba(backend) -> list:
+    """(key path length, Mamba slot or None, MAMBA lock_ref) of every node of a 0.5.23
+    tree with a Mamba component, in path order."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    out, stack = [], [(backend._root(), 0)]
+    while stack:
+        node, depth = stack.pop()
+        for child in node.children.values():
+            d = depth + len(child.key)
+            data = child.component_data[ComponentType.MAMBA]
+            value = None if data.value is None else [int(v) for v in data.value.tolist()]
+            out.append((d, value, int(data.lock_ref)))
+            stack.append((child, d))
+    return sorted(out, key=repr)
+
+
+PROBE_OPS = "submit_request 1; schedule 1; decode 1; finish 1; submit_request 2 (shares 1's prompt); " \
+    "schedule 2; finish 2; open_session 1; submit_turn 3; schedule 3; finish 3; close_session 1"
+
+
+def mamba_tree_probe(cfg) -> dict:
+    """Run the real 0.5.23 `UnifiedRadixCache` with the Mamba component production builds
+    for a hybrid SSM model (cfg: borrow era, P = 1, mamba_extra_buffer off, which the
+    component requires), over a real `HybridReqToTokenPool` and the stand-in `MambaPool`,
+    through PROBE_OPS beside the spec (the checker's own lockstep), and report where the
+    Mamba slots are after each op and the first step where the two differ. Shows that it
+    constructs and runs on the CPU, and why the adapter refuses the config (module
+    docstring)."""
+    from spec import ops as O
+    from adapters.sglang.backend import SglangBackend
+    from kvcheck.checker import run_ops
+    ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
+           O.SubmitRequest(2, (1, 2, 3, 4, 5, 6), 2), O.Schedule(2), O.Finish(2),
+           O.OpenSession(1), O.SubmitTurn(1, 3, (7, 8, 9), 3), O.Schedule(3), O.Finish(3),
+           O.CloseSession(1)]
+    b = SglangBackend(cfg, refuse=False)
+    steps = []
+    for op in ops:
+        b.apply(op)
+        a = b.abstract()
+        steps.append(dict(op=op.name, mamba_free=list(a.mamba_free), tree=tree_mamba(b),
+                          reqs={r.rid: list(r.mamba) for r in a.reqs},
+                          slots={t.sid: list(t.mamba) for t in a.slots}))
+    copies = list(b.pool.mamba_pool.copies)
+    lockstep = run_ops(cfg, ops, SglangBackend(cfg, refuse=False), backend_name=b.name)
+    fail = lockstep.failure
+    return dict(steps=steps, copies=copies,
+                first_divergence=None if fail is None else
+                dict(step=fail.step, op=fail.op.name, id=fail.id, side=fail.side,
+                     lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:6])))
+
+
 def mamba_short(pool, req) -> bool:
     """The admission glue's Mamba check (the spec's `spec.hybrid.mamba_short`): the slots
     `alloc` would take for req exceed the free ones."""
     alloc = getattr(pool, "mamba_allocator", None)
     if alloc is None:
         return False
-    n = 1 if req.mamba_pool_idx is None else 0
-    if pool.enable_mamba_extra_buffer and req.mamba_ping_pong_track_buffer is None:
+    kv = kv_record(req)
+    n = 1 if kv.mamba_pool_idx is None else 0
+    if pool.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
         n += 1 if pool.enable_mamba_extra_buffer_lazy else pool.mamba_ping_pong_track_buffer_size
     return n > alloc.available_size()
 
 
 def mamba_refs(holder) -> tuple:
     """(mamba_pool_idx, *track buffer) of a request or slot, as ints."""
-    idx = getattr(holder, "mamba_pool_idx", None)
-    buf = getattr(holder, "mamba_ping_pong_track_buffer", None)
+    kv = kv_record(holder)
+    idx = getattr(kv, "mamba_pool_idx", None)
+    buf = getattr(kv, "mamba_ping_pong_track_buffer", None)
     out = () if idx is None else (int(idx),)
     return out + (() if buf is None else tuple(int(x) for x in buf.tolist()))
 

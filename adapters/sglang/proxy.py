@@ -119,13 +119,21 @@ def _server(python: str) -> _Server:
     return server
 
 
-def swa_probe(cfg: Config, version: str) -> dict:
-    """adapters.sglang.hybrid.swa_probe run by the served release VERSION."""
+def _probe(cmd: str, cfg: Config, version: str) -> dict:
+    """adapters.sglang.hybrid.<cmd> run by the served release VERSION."""
     python = resolve_python(version)
-    reply = _server(python).call({"cmd": "swa_probe", "config": cfg.to_json()})
+    reply = _server(python).call({"cmd": cmd, "config": cfg.to_json()})
     if "error" in reply:
         raise RuntimeError(f"[sglang-{version}] {reply['error']}")
     return reply
+
+
+def swa_probe(cfg: Config, version: str) -> dict:
+    return _probe("swa_probe", cfg, version)
+
+
+def mamba_tree_probe(cfg: Config, version: str) -> dict:
+    return _probe("mamba_tree_probe", cfg, version)
 
 
 class SglangProxy:

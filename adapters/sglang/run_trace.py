@@ -86,12 +86,12 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 reply = {"outcome": outcome, **_snapshot(backend)}
             elif cmd == "state":
                 reply = _snapshot(backend)
-            elif cmd == "swa_probe":
+            elif cmd in ("swa_probe", "mamba_tree_probe"):     # adapters/sglang/hybrid.py
+                from adapters.sglang import hybrid
                 from adapters.sglang.backend import process_setup
-                from adapters.sglang.hybrid import swa_probe
                 cfg = Config.from_json(msg["config"])
                 process_setup(cfg.page_size, cfg.spec_enabled)
-                reply = swa_probe(cfg)
+                reply = getattr(hybrid, cmd)(cfg)
             elif cmd == "close":
                 if backend is not None:
                     backend.close()

@@ -114,6 +114,8 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
         lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
         kw["mamba_extra_buffer"] = d.choice(EXTRA_BUFFERS if lazy_ok else NO_LAZY,
                                             "mamba_extra_buffer")
+    if kind == "mamba-no-radix":        # 0.5.23's hybrid SSM tree keeping no Mamba state
+        kw["disable_radix_cache"] = True
     return replace(cfg, **kw)
 
 

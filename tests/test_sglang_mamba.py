@@ -1,0 +1,142 @@
+"""Mamba on the borrow era (0.5.23, issue 15 item 4): the record a turn borrows carries
+its Mamba refs from `take` on (spec and impl); the disabled radix cache
+(`config.disable_radix_cache`), the 0.5.23 pairing whose tree keeps no Mamba state, in
+the spec, impl/ and on the real release; and what the real 0.5.23 tree does with Mamba
+states when it is on (adapters/sglang/hybrid.py `mamba_tree_probe`). The real-release
+tests skip without .venv-sglang-0.5.23."""
+from __future__ import annotations
+
+import pytest
+
+from spec import hybrid as H
+from spec import ops as O
+from spec.config import Config, ConfigError
+from spec.model import initial_state, step
+from spec.view import abstract
+
+BORROW = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=4, mamba_extra_buffer="eager",
+                overlap=True, era="borrow")
+FIRST_TURN = [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 4), O.Schedule(1), O.Decode(1, 5)]
+
+
+def test_borrow_slot_takes_the_turns_mamba_refs_at_take():
+    """0.5.23 `StreamingSession.take` (session/streaming_session.py l.203-212) makes the
+    turn's `ReqKvInfo` the slot's record: `slot.kv is req.kv`, Mamba refs included, from
+    the first row allocation, not from the finish (the real release shows it:
+    `test_real_0523_mamba_lives_on_the_shared_record_and_in_the_tree`)."""
+    s = initial_state(BORROW)
+    for op in FIRST_TURN:
+        s, _ = step(s, op)
+    assert H.mamba_refs(s.reqs[1]) == (1, 2, 3)
+    assert H.mamba_refs(s.slots[1]) == (1, 2, 3)
+    s, _ = step(s, O.Finish(1))
+    assert H.mamba_refs(s.slots[1]) == (1, 2, 3) and s.mamba_free_slots == [4]
+    s, _ = step(s, O.CloseSession(1))
+    assert sorted(s.mamba_free_slots) == [1, 2, 3, 4]
+
+
+def test_impl_slot_takes_the_turns_mamba_refs_at_take():
+    from adapters.impl import ImplBackend
+    b = ImplBackend(BORROW)
+    for op in FIRST_TURN:
+        b.apply(op)
+    a = b.abstract()
+    (req,), (slot,) = a.reqs, a.slots
+    assert req.mamba and slot.mamba == req.mamba
+
+
+def test_real_0523_mamba_lives_on_the_shared_record_and_in_the_tree():
+    """The real 0.5.23 `UnifiedRadixCache` with the Mamba component production builds for a
+    hybrid SSM model (`registry.create_unified_radix_cache`), on the CPU over a real
+    `HybridReqToTokenPool` (stand-in `MambaPool`: `copy_from` recorded, nothing else
+    called). What it shows is why the adapter refuses 0.5.23 Mamba configs: the tree
+    keeps Mamba slots (a copy at every checkpoint, the request's own at a finish), which
+    the spec does not model, so the lockstep parts at the first prefill."""
+    from adapters.sglang.proxy import mamba_tree_probe, venv_python
+    if not venv_python("0.5.23").exists():
+        pytest.skip("no .venv-sglang-0.5.23")
+    r = mamba_tree_probe(Config(page_size=1, num_pages=32, num_rows=4, era="borrow",
+                                mamba_slots=6), "0.5.23")
+    by_op = r["steps"]
+    # schedule 1: the prefill's checkpoint copies the request's state into a tree slot
+    assert by_op[1]["reqs"] == {"1": [1]} and by_op[1]["tree"] == [[5, [2], 1]]
+    # finish 1: the request's own slot is donated to the new leaf, not freed
+    assert by_op[3]["mamba_free"] == [3, 4, 5, 6] and [6, [1], 0] in by_op[3]["tree"]
+    # schedule 3 (a first turn): take shares the record, so the slot holds the turn's state
+    assert by_op[9]["slots"] == {"1": [5]} and by_op[9]["reqs"] == {"3": [5]}
+    # close_session: `_free_slot_mamba` returns the slot's state; the tree keeps its copies
+    assert by_op[11]["mamba_free"] == [3, 5] and by_op[11]["slots"] == {}
+    assert r["copies"] == [[[1], [2]], [[3], [4]], [[5], [6]]]
+    d = r["first_divergence"]
+    assert (d["step"], d["op"], d["id"]) == (1, "schedule", "I44")
+
+
+NO_RADIX = Config(page_size=2, num_pages=24, num_rows=3, mamba_slots=4, mamba_extra_buffer="lazy",
+                  overlap=True, era="borrow", disable_radix_cache=True)
+SHARED_PREFIX = [O.SubmitRequest(1, (1, 2, 3, 4, 5), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
+                 O.SubmitRequest(2, (1, 2, 3, 4, 5, 6), 2), O.Schedule(2)]
+SESSION = [O.OpenSession(1), O.SubmitTurn(1, 3, (7, 8, 9), 3), O.Schedule(3), O.Decode(3, 4),
+           O.Finish(3), O.SubmitTurn(1, 4, (10, 11), 3), O.Schedule(4), O.AbortRunning(4),
+           O.SubmitTurn(1, 5, (12,), 2), O.Schedule(5), O.Finish(5), O.CloseSession(1)]
+
+
+def test_disabled_tree_matches_and_keeps_nothing_and_frees_the_mamba_state():
+    """0.5.23 `UnifiedRadixCache` with `disable` (`_match_tree`: `empty_match_result`;
+    `checkpoint_into_tree` returns at once, and the MAMBA component's cleanup frees a
+    finished request's state): a prefix another request finished is not matched."""
+    s = initial_state(NO_RADIX)
+    for op in SHARED_PREFIX:
+        s, _ = step(s, op)
+    a = abstract(s)
+    (r2,) = a.reqs
+    assert not a.nodes and r2.protected == 0 and r2.anchor == ("root",)
+    # rid 1's state and track slot went back; rid 2 holds a state and a lazy buffer
+    assert len(a.mamba_free) == 2 and len(r2.mamba) == 3 and r2.mamba[2] == H.EMPTY_TRACK
+    s, _ = step(s, O.Finish(2))
+    assert len(s.free_pages) == NO_RADIX.num_pages and sorted(s.mamba_free_slots) == [1, 2, 3, 4]
+
+
+def test_disabled_tree_is_the_borrow_eras_only():
+    with pytest.raises(ConfigError, match="config.disable_radix_cache needs era='borrow'"):
+        Config(disable_radix_cache=True)
+    assert "disable_radix_cache" not in Config(era="borrow").to_json()
+
+
+def test_spec_and_impl_agree_on_drawn_disabled_tree_mamba_configs():
+    from adapters.impl import ImplBackend
+    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.walk import walk
+    for i in range(6):          # 48 steps each, about a second in all
+        seq = walk(7, i, ImplBackend, "impl", Stats(), length=48, config_kw={
+            "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-no-radix",)})
+        assert seq.cfg.disable_radix_cache and seq.cfg.mamba_slots
+        assert seq.failure is None, seq.failure.render()
+
+
+def test_sglang_adapter_drives_0523_mamba_only_with_the_tree_disabled():
+    from adapters.sglang.hybrid import refusal
+    assert "disable_radix_cache=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
+    assert refusal(NO_RADIX, "borrow") is None
+
+
+def _need_0523():
+    from adapters.sglang.proxy import venv_python
+    if not venv_python("0.5.23").exists():
+        pytest.skip("no .venv-sglang-0.5.23")
+
+
+@pytest.mark.parametrize("ops", [SHARED_PREFIX + [O.Finish(2)], SESSION], ids=["plain", "session"])
+def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
+    """The real `UnifiedRadixCache` (FULL + MAMBA, disabled), `HybridReqToTokenPool`,
+    `MambaSlotAllocator` and `StreamingSession` of 0.5.23, step by step beside the spec:
+    the session's slot shares the turn's Mamba refs, an aborted turn's record goes back
+    and is freed, `_free_slot_mamba` skips the lazy buffer's empty entry at close."""
+    _need_0523()
+    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.checker import run_ops
+    b = SglangProxy(NO_RADIX, "0.5.23")
+    try:
+        r = run_ops(NO_RADIX, ops, b, backend_name=b.name)
+    finally:
+        b.close()
+    assert r.ok, r.failure.render()
