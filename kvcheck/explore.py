@@ -38,7 +38,9 @@ from kvcheck.errors import ROOT as PROJECT
 from spec import model as M
 from spec import ops as O
 from spec.config import ERAS, Config, ConfigError
-from spec.invariants import STEP_INVARIANTS, check_state, check_step
+from kvcheck.fast_invariants import applies as applies_fast
+from kvcheck.fast_invariants import state_clean
+from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
 from spec.state import ROOT, State
 from spec.view import abstract
 
@@ -746,8 +748,9 @@ class Result:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
-OLD_STYLE = dict(fingerprints=False)
-"""explore()'s options that reproduce the explorer before the speed work (benchmarks)."""
+OLD_STYLE = dict(fingerprints=False, fast_invariants=False)
+"""explore()'s options that reproduce the explorer before the speed work (benchmarks):
+whole keys in the visited set, every new state's invariants through its AbstractState."""
 
 
 def _whole_key(key: tuple) -> tuple:
@@ -788,7 +791,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             max_states: Optional[int] = None, max_seconds: Optional[float] = None,
             check: bool = True, progress: Optional[Callable] = None,
             progress_every: float = 2.0, prefilter: bool = True,
-            fingerprints: bool = True) -> Result:
+            fingerprints: bool = True, fast_invariants: bool = True) -> Result:
     """Breadth-first search over the scope. Stops at the first violation unless
     all_violations (then it records the first, shortest, trace per violation id and does
     not expand violating states).
@@ -798,10 +801,19 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     index and the index of the operation that reached it (two flat arrays); a
     counterexample trace is the chain of operations, re-executed from the initial state
     by whoever replays it. Two distinct keys share a fingerprint with probability about
-    n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged."""
+    n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged.
+
+    The invariants: a new state's state invariants are first asked of
+    `kvcheck.fast_invariants.state_clean` (on the State itself; fast_invariants=False:
+    never), and only a state it does not call clean gets an AbstractState and
+    spec/invariants.py's `check_state`, which writes the report. A transition's step
+    invariants run (on the two abstract views) where `step_check_needed` says they can
+    fire. So most states never get an abstract view; a frontier state gets one only when
+    one of its transitions needs it."""
     cfg = sc.cfg
     res = Result(sc, symmetric)
     prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
+    fast = fast_invariants and applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
     t0 = time.perf_counter()
     s0 = M.initial_state(cfg)
     a0 = abstract(s0)
@@ -879,14 +891,23 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                         pending_sits.remove(x)
                 key = fp(state_key(s2, symmetric))
                 known = key in seen
-                if known and (not check or prefilter and not step_check_needed(s, op, out, s2)):
-                    continue
-                a2 = abstract(s2)
-                vs = []
-                if check:
-                    if not known:
-                        vs = check_state(a2, cfg)
-                    vs += check_step(a, op, out, a2, cfg)
+                if not check:
+                    if known:
+                        continue
+                    vs = ()
+                else:
+                    # the abstract views only where a reference evaluation needs them
+                    a2 = None
+                    vs = []
+                    if not prefilter or step_check_needed(s, op, out, s2):
+                        if a is None:
+                            a = abstract(s)
+                        a2 = abstract(s2)
+                        vs = check_step(a, op, out, a2, cfg)
+                    elif known:
+                        continue
+                    if not known and not (fast and state_clean(s2)):
+                        vs = check_state(a2 or abstract(s2), cfg) + vs
                 if vs:
                     v = vs[0]
                     if v.id not in found_ids:
@@ -910,7 +931,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                     k = op_index[op] = len(op_table)
                     op_table.append(op)
                 via.append(k)
-                nxt.append((n, s2, a2))
+                nxt.append((n, s2, None))     # its abstract view: built when needed
                 res.states += 1
                 if max_states is not None and res.states >= max_states:
                     res.stopped = f"state budget {max_states} reached"
