@@ -152,12 +152,14 @@ PRESETS: dict[str, tuple] = {
                max_new=(1, 2), evict=(2,), max_depth=12),
     ),
     # nightly (make explore-nightly): 2 sessions that can each run 3 turns, plus a plain
-    # request sharing the prompt prefix; BFS as deep as a time budget allows
+    # request sharing the prompt prefix; BFS as deep as a time budget allows. max_new 2:
+    # the prefill samples the first token, so a request reaches decode, and with it
+    # finish, abort_running and retract (max_new 1 finishes every request at its prefill)
     "nightly": (
         _scope("nightly", dict(page_size=2, num_pages=6, num_rows=3, max_context_len=16,
                                overlap=True),
                sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1,), evict=(2,), max_depth=26),
+               max_new=(2,), evict=(2,), max_depth=26),
     ),
     # the benchmark's fixed scope
     "bench": (
@@ -276,11 +278,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     def path(nid):
         return nodes[nid].path
 
-    node_list = sorted(((n.path, n) for nid, n in nodes.items() if nid != ROOT),
-                       key=lambda x: x[0])
-    trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
-
-    pages: dict = {}
+    node_key, pages = _tree_key(s.nodes, symmetric)
     if symmetric:
         def pl(p):
             if p is None:
@@ -294,9 +292,6 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             if p is not None:
                 pages[p] = p
             return p
-
-    node_key = tuple((pth, tuple(pl(p) for p in n.pages), n.lock_ref, trank[n.tick])
-                     for pth, n in node_list)
 
     # ---- rows
     row_alloc: dict = {}
@@ -355,6 +350,42 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     key = (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
            free_rows, s.evictable_size, s.protected_size)
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
+
+
+def _tree_key(tree, symmetric: bool) -> tuple:
+    """The tree's part of `state_key`: (node key, the page labels it gave, as a fresh dict
+    the caller extends). Nodes by path with their pages, lock_ref and tick rank; pages
+    labelled by first appearance. Kept on the node map (`CowMap._memo`): a successor
+    whose step touched no node shares its parent's map and reuses it, so the key of such
+    a successor costs nothing for the tree."""
+    memo = tree._memo
+    if memo is not None and memo[0] is symmetric:
+        return memo[1], dict(memo[2])
+    node_list = sorted(((n.path, n) for nid, n in dict.items(tree) if nid != ROOT),
+                       key=_first)
+    trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
+    pages: dict = {}
+    if symmetric:
+        for _, n in node_list:
+            for p in n.pages:
+                if p is not None and p not in pages:
+                    pages[p] = len(pages) + 1
+        get = pages.get
+        node_key = tuple((pth, tuple(get(p) for p in n.pages), n.lock_ref, trank[n.tick])
+                         for pth, n in node_list)
+    else:
+        for _, n in node_list:
+            for p in n.pages:
+                if p is not None:
+                    pages[p] = p
+        node_key = tuple((pth, tuple(n.pages), n.lock_ref, trank[n.tick])
+                         for pth, n in node_list)
+    tree._memo = (symmetric, node_key, pages)
+    return node_key, dict(pages)
+
+
+def _first(x):
+    return x[0]
 
 
 def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:

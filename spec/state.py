@@ -34,12 +34,19 @@ class CowMap(dict):
     `_own` holds the keys whose entity this map has copied (or was given) and may
     mutate; any other entity is shared and is copied by `_copy` when first handed out.
     Iterating over keys, `in` and `len` copy nothing. The Cython build (`make cython`)
-    makes it an extension type through spec/state.pxd (C-level `m[k]`)."""
+    makes it an extension type through spec/state.pxd (C-level `m[k]`).
+
+    `_memo`: a reader's cache of something computed from the whole map (the explorer's
+    key fragment of the tree). A fork inherits it, since the two maps are equal until
+    one hands out an entity; handing one out (for mutation), storing or deleting drops it.
+    So it is valid as long as entities are mutated only through the map's accessors
+    after the memo was taken, which the clone contract gives."""
 
     def __init__(self, items=(), copy=None):
         dict.__init__(self, items)
         self._own = set(dict.keys(self))
         self._copy = copy
+        self._memo = None
 
     def fork(self) -> "CowMap":
         """A map sharing every entity with this one; the new map owns none of them."""
@@ -47,9 +54,11 @@ class CowMap(dict):
         dict.update(m, self)
         m._own = set()
         m._copy = self._copy
+        m._memo = self._memo
         return m
 
     def _take(self, k, v):
+        self._memo = None
         if k in self._own:
             return v
         v = self._copy(v)
@@ -65,10 +74,12 @@ class CowMap(dict):
         return default if v is _ABSENT else self._take(k, v)
 
     def __setitem__(self, k, v):
+        self._memo = None
         dict.__setitem__(self, k, v)
         self._own.add(k)
 
     def __delitem__(self, k):
+        self._memo = None
         dict.__delitem__(self, k)
         self._own.discard(k)
 
@@ -78,11 +89,13 @@ class CowMap(dict):
                 raise KeyError(k)
             return default
         v = self[k]
+        self._memo = None
         dict.__delitem__(self, k)
         self._own.discard(k)
         return v
 
     def _take_all(self):
+        self._memo = None
         if len(self._own) != len(self):
             for k, v in list(dict.items(self)):
                 self._take(k, v)
