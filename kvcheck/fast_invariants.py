@@ -10,23 +10,23 @@ obligation here is: never answer True on a state where the reference finds a vio
 tests/test_fast_invariants.py compares both verdicts on every state of `check-overlap`,
 of the hybrid preset and of planted spec defects.
 
-Covered: the ids in `COVERED` (every non-hybrid state invariant). A hybrid config (SWA
-or Mamba pools) or an invariant this module does not know (one added to spec/ since)
-answers None: "ask the reference".
+Covered: the ids in `COVERED` (every state invariant today, the hybrid pools' I40-I45
+included). A state invariant this module does not know (one added to spec/ since) makes
+`applies` false, and the explorer then asks the reference for every state.
 """
 from __future__ import annotations
 
+from spec.hybrid import mamba_refs
 from spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
                      "I14", "I15", "I17", "I20", "I22", "I24", "I26", "I27",
-                     # the hybrid invariants answer [] when both hybrid pools are off
                      "I40", "I41", "I42", "I43", "I44", "I45"})
 
 
 def applies(cfg, state_invariant_ids) -> bool:
-    """Whether `state_clean` may stand for the reference on this config."""
-    return not cfg.hybrid and set(state_invariant_ids) <= COVERED
+    """Whether `state_clean` may stand for the reference: it knows every invariant."""
+    return set(state_invariant_ids) <= COVERED
 
 
 def _anchor_path(nodes: dict, anchor):
@@ -158,6 +158,9 @@ def _clean(s: State) -> bool:
         ln = t.last_node
         if ln is not None and ln[0] == "node" and ln[1] != ROOT:
             anchors.append(nodes[ln[1]].path)
+        u = t.swa_uuid_for_lock             # the view names its node (KeyError if gone)
+        if u is not None and u[0] != "virtual" and u[1] != ROOT:
+            nodes[u[1]]
         if row in row_slot:                                             # I4
             return False
         row_slot[row] = t
@@ -183,11 +186,11 @@ def _clean(s: State) -> bool:
                 return False
         got = owners.get(h.row)
         if got is None:
-            owners[h.row] = (h.protected, h.allocated, rp)
+            owners[h.row] = (h.protected, h.allocated, rp, (h,))
         else:
             prot = h.protected if is_slot else got[0]
-            owners[h.row] = (prot, h.allocated, rp) if h.allocated >= got[1] else \
-                (prot, got[1], got[2])
+            owners[h.row] = (prot, h.allocated, rp, got[3] + (h,)) if h.allocated >= got[1] \
+                else (prot, got[1], got[2], got[3] + (h,))
 
     # ---- I1: the accounting identity
     if len(free) * P + s.evictable_size + s.protected_size + held_slots + uncached \
@@ -195,7 +198,7 @@ def _clean(s: State) -> bool:
         return False
 
     # ---- I2: every page exactly once (free, a node, an owned row range), ids in range
-    for prot, alloc, rp in owners.values():
+    for prot, alloc, rp, _ in owners.values():
         for k in range(prot // P, -(-alloc // P)):
             p = rp[k] if k < len(rp) else None
             if p is None:
@@ -238,7 +241,74 @@ def _clean(s: State) -> bool:
         for n in tree:
             if n.lock_ref:
                 return False
+    if cfg.swa_window and cfg.swa_pages and not _swa_clean(s, tree, owners, free_set, P):
+        return False
+    if cfg.mamba_slots and not _mamba_clean(s, reqs, slots, owners):
+        return False
     return True
+
+
+def _swa_clean(s: State, tree, owners: dict, free_set: set, P: int) -> bool:
+    """I40-I43 (the SWA pool): its pages free or mapped from one full page each, no
+    mapping of a free page or to a free SWA page, the window cursor within the committed
+    KV which keeps its SWA pages from there, the SWA accounting identity."""
+    n_swa = s.cfg.swa_pages
+    mapping = s.full_to_swa_index_mapping
+    swa_free = s.swa_free_pages
+    ws = list(swa_free) + list(mapping.values())
+    swa_free_set = set(swa_free)
+    if len(set(ws)) != len(ws) or len(ws) != n_swa:                     # I40
+        return False
+    for w in ws:
+        if not (type(w) is int and 1 <= w <= n_swa):
+            return False
+    for full, w in mapping.items():                                     # I41
+        if w in swa_free_set or full in free_set:
+            return False
+    held = 0
+    for prot, alloc, rp, hs in owners.values():                         # I42, I43
+        for h in hs:
+            if h.swa_evicted_seqlen > h.committed:
+                return False
+        cursor = max(h.swa_evicted_seqlen for h in hs)
+        committed = max(h.committed for h in hs)
+        for k in range(max(prot, cursor) // P, min(-(-committed // P), len(rp))):
+            if rp[k] is not None and rp[k] not in mapping:
+                return False
+        held += -(-alloc // P) * P - max(prot, cursor)
+    in_tree = sum(P for n in tree for p in n.pages if p in mapping)
+    return len(swa_free) * P + in_tree + held == n_swa * P
+
+
+def _mamba_clean(s: State, reqs, slots: dict, owners: dict) -> bool:
+    """I44, I45 (the Mamba pool): each slot free or held by one owner (a slot and the
+    request borrowing its row are one owner with one set of references), never the
+    sentinel or the dummy, none leaked; the accounting identity."""
+    n_mamba = s.cfg.mamba_slots
+    free = s.mamba_free_slots
+    placed = list(free)
+    for _, _, _, hs in owners.values():                                 # I44
+        refs = ()
+        for h in hs:
+            m = mamba_refs(h)
+            if len(m) > len(refs):
+                refs = m
+        if not refs or refs[0] == -1:
+            return False
+        for h in hs:
+            m = mamba_refs(h)
+            if m and m != refs:
+                return False
+        placed += [m for m in refs if m != -1]
+    if len(set(placed)) != len(placed) or len(placed) != n_mamba:
+        return False
+    for m in placed:
+        if not (type(m) is int and 1 <= m <= n_mamba):
+            return False
+    rows = {r.row for r in reqs if r.row is not None}                   # I45
+    in_reqs = sum(1 for r in reqs if r.row is not None for m in mamba_refs(r) if m != -1)
+    held = sum(1 for t in slots.values() if t.row not in rows for m in mamba_refs(t) if m != -1)
+    return len(free) + in_reqs + held == n_mamba
 
 
 def _prefix_is_path(nodes, by_path, h, rp, anchor, P) -> bool:
