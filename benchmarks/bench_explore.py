@@ -30,19 +30,7 @@ def _per_call(fn, xs) -> float:
 
 
 def breakdown(sc, sample: int = 2000) -> None:
-    # collect a spread of states (every level) without checks
-    frontier, seen, states = [M.initial_state(sc.cfg)], set(), []
-    for _ in range(sc.max_depth):
-        nxt = []
-        for s in frontier:
-            for op in E.candidate_ops(s, sc):
-                s2, _ = M.step(s, op)
-                k = E.state_key(s2)
-                if k not in seen:
-                    seen.add(k)
-                    nxt.append(s2)
-        states += nxt
-        frontier = nxt
+    states = E.reachable_states(sc)[1:]     # a spread of states (every level), no checks
     step_ = max(1, len(states) // sample)
     states = states[::step_][:sample]
     trs = [(s, op) for s in states for op in E.candidate_ops(s, sc)]

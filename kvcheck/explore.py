@@ -826,6 +826,26 @@ def _deep_size(x, _seen=None) -> int:
     return n
 
 
+def reachable_states(sc: Scope, symmetric: bool = True) -> list:
+    """Every distinct state of the scope within its depth bound, level by level, the
+    initial state first: a plain breadth-first walk (no invariants, no bookkeeping) for
+    tests and benchmarks that look at each state."""
+    frontier = [M.initial_state(sc.cfg)]
+    seen, out = {state_key(frontier[0], symmetric)}, list(frontier)
+    for _ in range(sc.max_depth):
+        nxt = []
+        for s in frontier:
+            for op in candidate_ops(s, sc, symmetric):
+                s2, _ = M.step(s, op, checked=True)
+                k = state_key(s2, symmetric)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(s2)
+        out += nxt
+        frontier = nxt
+    return out
+
+
 def explore(sc: Scope, **kw) -> Result:
     """The breadth-first search (`_search`, which documents the options) with Python's
     cyclic garbage collector paused: the frontier holds tens of thousands of states,

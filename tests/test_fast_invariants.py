@@ -25,21 +25,7 @@ def reference_clean(s) -> bool:
 
 def states_of(sc, depth=None):
     """Every distinct state of the scope (BFS, symmetric keys), up to `depth` steps."""
-    sc = sc if depth is None else replace(sc, max_depth=depth)
-    frontier, seen, out = [M.initial_state(sc.cfg)], set(), []
-    out.append(frontier[0])
-    for _ in range(sc.max_depth):
-        nxt = []
-        for s in frontier:
-            for op in E.candidate_ops(s, sc):
-                s2, _ = M.step(s, op, checked=True)
-                k = E.state_key(s2)
-                if k not in seen:
-                    seen.add(k)
-                    nxt.append(s2)
-        out += nxt
-        frontier = nxt
-    return out
+    return E.reachable_states(sc if depth is None else replace(sc, max_depth=depth))
 
 
 CHECK_OVERLAP = E.PRESETS["check"][0]
