@@ -5,7 +5,9 @@
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
 sample of the visited states: candidate ops (spec guards), spec.model.step (of which
-State.clone), state_key, spec.view.abstract, check_state and check_step.
+State.clone), state_key, the fast invariant verdict, spec.view.abstract, check_state (the
+reference, which the search runs only on a state the fast verdict does not call clean)
+and check_step.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import time
 from dataclasses import replace
 
 from kvcheck import explore as E
+from kvcheck.fast_invariants import state_clean
 from spec import model as M
 from spec.invariants import check_state, check_step
 from spec.view import abstract
@@ -27,19 +30,7 @@ def _per_call(fn, xs) -> float:
 
 
 def breakdown(sc, sample: int = 2000) -> None:
-    # collect a spread of states (every level) without checks
-    frontier, seen, states = [M.initial_state(sc.cfg)], set(), []
-    for _ in range(sc.max_depth):
-        nxt = []
-        for s in frontier:
-            for op in E.candidate_ops(s, sc):
-                s2, _ = M.step(s, op)
-                k = E.state_key(s2)
-                if k not in seen:
-                    seen.add(k)
-                    nxt.append(s2)
-        states += nxt
-        frontier = nxt
+    states = E.reachable_states(sc)[1:]     # a spread of states (every level), no checks
     step_ = max(1, len(states) // sample)
     states = states[::step_][:sample]
     trs = [(s, op) for s in states for op in E.candidate_ops(s, sc)]
@@ -53,8 +44,10 @@ def breakdown(sc, sample: int = 2000) -> None:
         ("state_key (symmetric)", _per_call(lambda x: E.state_key(x[2]), outs), per_state),
         ("step_check_needed", _per_call(lambda x: E.step_check_needed(x[0], x[1], x[3], x[2]), outs),
          per_state),
+        ("fast state_clean", _per_call(lambda x: state_clean(x[2]), outs), 1.0),
         ("abstract", _per_call(lambda x: abstract(x[2]), outs), None),
-        ("check_state", _per_call(lambda x: check_state(x[3], sc.cfg), abs_), 1.0),
+        ("  check_state (off the fast path)", _per_call(lambda x: check_state(x[3], sc.cfg), abs_),
+         0.0),
         ("check_step", _per_call(lambda x: check_step(*x), abs_), None),
     ]
     needed = sum(1 for s, op, s2, out in outs if E.step_check_needed(s, op, out, s2)) / len(outs)
@@ -62,8 +55,8 @@ def breakdown(sc, sample: int = 2000) -> None:
           f"step invariants needed on {needed:.0%} of transitions:")
     total = 0.0
     for name, us, mult in rows:
-        if mult is None:   # abstract / check_step: once per new state + on prefiltered transitions
-            mult = 1.0 + needed * per_state if name == "abstract" else 1.0 + needed * per_state
+        if mult is None:   # abstract / check_step: on the transitions the prefilter lets through
+            mult = needed * per_state
         cost = us * mult
         if not name.startswith("  "):
             total += cost
@@ -104,6 +97,10 @@ print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions":
 BEFORE = "5caeb04"
 """The last commit before the copy-on-write state and the tighter step prefilter: its
 explorer is the "before" row, run from `git archive` of that commit in a subprocess."""
+
+PREVIOUS = "865cc94"
+"""The explorer before the fast invariant verdict, the per-scope operation table and the
+tree-key memo (main when that work began): the "previous" row, run the same way."""
 
 BEFORE_RUN = COMPILED_RUN.replace("from kvcheck.compiled import activate, is_compiled\nactivate()\n",
                                   "is_compiled = lambda m: False\n")

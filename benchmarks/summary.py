@@ -51,16 +51,23 @@ def explore_rows(quick: bool) -> list:
 
 
 def _before_rows(sc, new, t_new) -> list:
-    """The explorer as it was before the copy-on-write state (bench_explore.BEFORE)."""
-    from benchmarks.bench_explore import BEFORE, before_run
-    got = before_run(sc)
+    """The explorer as it was before the copy-on-write state (bench_explore.BEFORE) and
+    before the fast invariant verdict (bench_explore.PREVIOUS), each from git archive."""
+    from benchmarks.bench_explore import BEFORE, PREVIOUS
+    return (_archived_row(sc, new, t_new, BEFORE, "before the state rework")
+            + _archived_row(sc, new, t_new, PREVIOUS, "before the fast invariants"))
+
+
+def _archived_row(sc, new, t_new, commit: str, what: str) -> list:
+    from benchmarks.bench_explore import before_run
+    got = before_run(sc, commit)
     if isinstance(got, str):
-        return [(f"explore: before the state rework ({BEFORE})", f"not measured: {got}")]
+        return [(f"explore: {what} ({commit})", f"not measured: {got}")]
     states, transitions, cpu = got
     # The vocabulary has grown since BEFORE (e.g. a close of a closing session is answered,
     # not refused), which adds transitions between the same states: the rate compares
     # the same state set, and the transition counts are shown when they differ.
-    return [(f"explore: before the state rework ({BEFORE}), states/CPU-s",
+    return [(f"explore: {what} ({commit}), states/CPU-s",
              f"{states / cpu:,.0f}; new x{cpu / t_new:.2f}"
              + ("" if states == new.states else f" ({states:,} states: NOT THE SAME)")
              + ("" if transitions == new.transitions

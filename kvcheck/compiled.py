@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cython"
 MANIFEST = BUILD / "manifest.json"
 MODULES = ("spec/state.py", "spec/model.py", "spec/abstract.py", "spec/view.py",
-           "spec/invariants.py", "kvcheck/explore.py")
+           "spec/invariants.py", "kvcheck/fast_invariants.py", "kvcheck/explore.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
 re-executes its functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}

@@ -38,7 +38,9 @@ from kvcheck.errors import ROOT as PROJECT
 from spec import model as M
 from spec import ops as O
 from spec.config import ERAS, Config, ConfigError
-from spec.invariants import STEP_INVARIANTS, check_state, check_step
+from kvcheck.fast_invariants import applies as applies_fast
+from kvcheck.fast_invariants import state_clean
+from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
 from spec.state import ROOT, State
 from spec.view import abstract
 
@@ -150,12 +152,14 @@ PRESETS: dict[str, tuple] = {
                max_new=(1, 2), evict=(2,), max_depth=12),
     ),
     # nightly (make explore-nightly): 2 sessions that can each run 3 turns, plus a plain
-    # request sharing the prompt prefix; BFS as deep as a time budget allows
+    # request sharing the prompt prefix; BFS as deep as a time budget allows. max_new 2:
+    # the prefill samples the first token, so a request reaches decode, and with it
+    # finish, abort_running and retract (max_new 1 finishes every request at its prefill)
     "nightly": (
         _scope("nightly", dict(page_size=2, num_pages=6, num_rows=3, max_context_len=16,
                                overlap=True),
                sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1,), evict=(2,), max_depth=26),
+               max_new=(2,), evict=(2,), max_depth=26),
     ),
     # the benchmark's fixed scope
     "bench": (
@@ -274,11 +278,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     def path(nid):
         return nodes[nid].path
 
-    node_list = sorted(((n.path, n) for nid, n in nodes.items() if nid != ROOT),
-                       key=lambda x: x[0])
-    trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
-
-    pages: dict = {}
+    node_key, pages = _tree_key(s.nodes, symmetric)
     if symmetric:
         def pl(p):
             if p is None:
@@ -292,9 +292,6 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             if p is not None:
                 pages[p] = p
             return p
-
-    node_key = tuple((pth, tuple(pl(p) for p in n.pages), n.lock_ref, trank[n.tick])
-                     for pth, n in node_list)
 
     # ---- rows
     row_alloc: dict = {}
@@ -355,6 +352,42 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
 
 
+def _tree_key(tree, symmetric: bool) -> tuple:
+    """The tree's part of `state_key`: (node key, the page labels it gave, as a fresh dict
+    the caller extends). Nodes by path with their pages, lock_ref and tick rank; pages
+    labelled by first appearance. Kept on the node map (`CowMap._memo`): a successor
+    whose step touched no node shares its parent's map and reuses it, so the key of such
+    a successor costs nothing for the tree."""
+    memo = tree._memo
+    if memo is not None and memo[0] is symmetric:
+        return memo[1], dict(memo[2])
+    node_list = sorted(((n.path, n) for nid, n in dict.items(tree) if nid != ROOT),
+                       key=_first)
+    trank = {t: i for i, t in enumerate(sorted({n.tick for _, n in node_list}))}
+    pages: dict = {}
+    if symmetric:
+        for _, n in node_list:
+            for p in n.pages:
+                if p is not None and p not in pages:
+                    pages[p] = len(pages) + 1
+        get = pages.get
+        node_key = tuple((pth, tuple(get(p) for p in n.pages), n.lock_ref, trank[n.tick])
+                         for pth, n in node_list)
+    else:
+        for _, n in node_list:
+            for p in n.pages:
+                if p is not None:
+                    pages[p] = p
+        node_key = tuple((pth, tuple(n.pages), n.lock_ref, trank[n.tick])
+                         for pth, n in node_list)
+    tree._memo = (symmetric, node_key, pages)
+    return node_key, dict(pages)
+
+
+def _first(x):
+    return x[0]
+
+
 def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
     """The hybrid fields (spec/hybrid.py) under the same renaming: SWA pages by the full
     page that maps to them, Mamba slots by first appearance; a page nothing else labels
@@ -397,24 +430,69 @@ def _fresh_rid(s: State, taken: set) -> int:
     return rid
 
 
+_OP_TABLES: dict = {}
+
+
+def _ops_of(sc: Scope, key: tuple) -> tuple:
+    """The scope's candidate operations for `key` (("open", sid), ("close", sid),
+    ("turn", sid, rid), ("plain", rid), ("req", rid), ("evict",)), built once per scope:
+    operations are immutable values, and building them was a tenth of the guards' cost."""
+    got = _OP_TABLES.get(id(sc))
+    if got is None or got[0] is not sc:
+        got = _OP_TABLES[id(sc)] = (sc, {})
+    table = got[1]
+    ops = table.get(key)
+    if ops is None:
+        ops = table[key] = _build_ops(sc, key)
+    return ops
+
+
+def _build_ops(sc: Scope, key: tuple) -> tuple:
+    kind = key[0]
+    if kind == "open":
+        return (O.OpenSession(key[1]),)
+    if kind == "close":
+        return (O.CloseSession(key[1]),)
+    if kind == "turn":
+        return tuple(O.SubmitTurn(key[1], key[2], tuple(toks), mn)
+                     for toks in sc.turns for mn in sc.max_new)
+    if kind == "plain":
+        return tuple(O.SubmitRequest(key[1], tuple(toks), mn)
+                     for toks in sc.prompts for mn in sc.max_new)
+    if kind == "evict":
+        return tuple(O.Evict(n) for n in sc.evict)
+    rid, cfg = key[1], sc.cfg
+    cands = [O.Schedule(rid, True)]
+    if sc.reject:
+        cands.append(O.Schedule(rid, False))
+    cands += [O.PrefillChunk(rid), O.Finish(rid), O.AbortQueued(rid), O.PreAbort(rid),
+              O.AbortRunning(rid), O.Retract(rid), O.QueueReject(rid)]
+    if cfg.spec_enabled:
+        cands += [O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
+                  for a in range(d + 1) for t in sc.decode_tokens]
+    else:
+        cands += [O.Decode(rid, t) for t in sc.decode_tokens]
+    return tuple(cands)
+
+
 def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
     """Every operation of the scope's domains that `spec.model.enabled` allows here.
     With symmetry, a new request takes the lowest free rid and a new session the lowest
     unused sid (any other choice gives an isomorphic state); without, every one."""
-    cfg = sc.cfg
+    enabled, refused = M.enabled, M.refused
     ops: list = []
     live = len(s.reqs)
     s_reqs, s_sessions = dict(s.reqs), dict(s.sessions)     # reads: no copy-on-write
     sids = range(1, sc.sessions + 1)
     for sid in sids:        # a refused request (M.refused) changes nothing: not explored
-        op = O.OpenSession(sid)
-        if M.enabled(s, op) and not M.refused(s, op):
+        op, = _ops_of(sc, ("open", sid))
+        if enabled(s, op) and not refused(s, op):
             ops.append(op)
             if symmetric:
                 break
     for sid in sids:
-        op = O.CloseSession(sid)
-        if M.enabled(s, op) and not M.refused(s, op):
+        op, = _ops_of(sc, ("close", sid))
+        if enabled(s, op) and not refused(s, op):
             ops.append(op)
     if live < sc.max_live:
         taken = set(s_reqs) | {x.inflight_rid for x in s_sessions.values()}
@@ -424,35 +502,14 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
             new_rids = [r for r in range(1, sc.max_live + 1) if r not in taken]
         for rid in new_rids:
             for sid in sids:
-                if sid in s.sessions:
-                    for toks in sc.turns:
-                        for mn in sc.max_new:
-                            op = O.SubmitTurn(sid, rid, tuple(toks), mn)
-                            if M.enabled(s, op):
-                                ops.append(op)
+                if sid in s_sessions:
+                    ops.extend(op for op in _ops_of(sc, ("turn", sid, rid)) if enabled(s, op))
             nplain = sum(1 for r in s_reqs.values() if not r.streaming)
             if nplain < sc.plain:
-                for toks in sc.prompts:
-                    for mn in sc.max_new:
-                        op = O.SubmitRequest(rid, tuple(toks), mn)
-                        if M.enabled(s, op):
-                            ops.append(op)
-    for rid in sorted(s.reqs):
-        cands = [O.Schedule(rid, True)]
-        if sc.reject:
-            cands.append(O.Schedule(rid, False))
-        cands += [O.PrefillChunk(rid), O.Finish(rid), O.AbortQueued(rid), O.PreAbort(rid),
-                  O.AbortRunning(rid), O.Retract(rid), O.QueueReject(rid)]
-        if cfg.spec_enabled:
-            cands += [O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
-                      for a in range(d + 1) for t in sc.decode_tokens]
-        else:
-            cands += [O.Decode(rid, t) for t in sc.decode_tokens]
-        ops.extend(op for op in cands if M.enabled(s, op))
-    for n in sc.evict:
-        op = O.Evict(n)
-        if M.enabled(s, op):
-            ops.append(op)
+                ops.extend(op for op in _ops_of(sc, ("plain", rid)) if enabled(s, op))
+    for rid in sorted(s_reqs):
+        ops.extend(op for op in _ops_of(sc, ("req", rid)) if enabled(s, op))
+    ops.extend(op for op in _ops_of(sc, ("evict",)) if enabled(s, op))
     return ops
 
 
@@ -746,8 +803,9 @@ class Result:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
-OLD_STYLE = dict(fingerprints=False)
-"""explore()'s options that reproduce the explorer before the speed work (benchmarks)."""
+OLD_STYLE = dict(fingerprints=False, fast_invariants=False)
+"""explore()'s options that reproduce the explorer before the speed work (benchmarks):
+whole keys in the visited set, every new state's invariants through its AbstractState."""
 
 
 def _whole_key(key: tuple) -> tuple:
@@ -766,6 +824,26 @@ def _deep_size(x, _seen=None) -> int:
     if isinstance(x, (tuple, list, frozenset, set)):
         n += sum(_deep_size(y, _seen) for y in x)
     return n
+
+
+def reachable_states(sc: Scope, symmetric: bool = True) -> list:
+    """Every distinct state of the scope within its depth bound, level by level, the
+    initial state first: a plain breadth-first walk (no invariants, no bookkeeping) for
+    tests and benchmarks that look at each state."""
+    frontier = [M.initial_state(sc.cfg)]
+    seen, out = {state_key(frontier[0], symmetric)}, list(frontier)
+    for _ in range(sc.max_depth):
+        nxt = []
+        for s in frontier:
+            for op in candidate_ops(s, sc, symmetric):
+                s2, _ = M.step(s, op, checked=True)
+                k = state_key(s2, symmetric)
+                if k not in seen:
+                    seen.add(k)
+                    nxt.append(s2)
+        out += nxt
+        frontier = nxt
+    return out
 
 
 def explore(sc: Scope, **kw) -> Result:
@@ -788,7 +866,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             max_states: Optional[int] = None, max_seconds: Optional[float] = None,
             check: bool = True, progress: Optional[Callable] = None,
             progress_every: float = 2.0, prefilter: bool = True,
-            fingerprints: bool = True) -> Result:
+            fingerprints: bool = True, fast_invariants: bool = True) -> Result:
     """Breadth-first search over the scope. Stops at the first violation unless
     all_violations (then it records the first, shortest, trace per violation id and does
     not expand violating states).
@@ -798,10 +876,19 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     index and the index of the operation that reached it (two flat arrays); a
     counterexample trace is the chain of operations, re-executed from the initial state
     by whoever replays it. Two distinct keys share a fingerprint with probability about
-    n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged."""
+    n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged.
+
+    The invariants: a new state's state invariants are first asked of
+    `kvcheck.fast_invariants.state_clean` (on the State itself; fast_invariants=False:
+    never), and only a state it does not call clean gets an AbstractState and
+    spec/invariants.py's `check_state`, which writes the report. A transition's step
+    invariants run (on the two abstract views) where `step_check_needed` says they can
+    fire. So most states never get an abstract view; a frontier state gets one only when
+    one of its transitions needs it."""
     cfg = sc.cfg
     res = Result(sc, symmetric)
     prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
+    fast = fast_invariants and applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
     t0 = time.perf_counter()
     s0 = M.initial_state(cfg)
     a0 = abstract(s0)
@@ -879,14 +966,23 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                         pending_sits.remove(x)
                 key = fp(state_key(s2, symmetric))
                 known = key in seen
-                if known and (not check or prefilter and not step_check_needed(s, op, out, s2)):
-                    continue
-                a2 = abstract(s2)
-                vs = []
-                if check:
-                    if not known:
-                        vs = check_state(a2, cfg)
-                    vs += check_step(a, op, out, a2, cfg)
+                if not check:
+                    if known:
+                        continue
+                    vs = ()
+                else:
+                    # the abstract views only where a reference evaluation needs them
+                    a2 = None
+                    vs = []
+                    if not prefilter or step_check_needed(s, op, out, s2):
+                        if a is None:
+                            a = abstract(s)
+                        a2 = abstract(s2)
+                        vs = check_step(a, op, out, a2, cfg)
+                    elif known:
+                        continue
+                    if not known and not (fast and state_clean(s2)):
+                        vs = check_state(a2 or abstract(s2), cfg) + vs
                 if vs:
                     v = vs[0]
                     if v.id not in found_ids:
@@ -910,7 +1006,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                     k = op_index[op] = len(op_table)
                     op_table.append(op)
                 via.append(k)
-                nxt.append((n, s2, a2))
+                nxt.append((n, s2, None))     # its abstract view: built when needed
                 res.states += 1
                 if max_states is not None and res.states >= max_states:
                     res.stopped = f"state budget {max_states} reached"

@@ -516,7 +516,7 @@ def _close_waits(sess: Session) -> bool:
 
 def _maybe_close(s: State, sid: int) -> None:
     """A deferred close is carried out once the turn in flight has ended."""
-    sess = s.sessions.get(sid)
+    sess = dict.get(s.sessions, sid)    # a read (every step, every session): no copy-on-write
     if sess is not None and sess.close_pending and not _close_waits(sess):
         release_session(s, sid)
         del s.sessions[sid]
@@ -720,10 +720,11 @@ def _sync_borrowed(s: State, acting=None) -> None:
     turn detached from its session after it borrowed (a second `finish_req` under
     accepted U2) still holds the record: its virtual anchor names the slot."""
     borrowers = []
-    for r in s.reqs.values():
+    for rid, r in list(dict.items(s.reqs)):     # read first: only borrowers are copied
         sid = r.last_node[1] if r.last_node and r.last_node[0] == "virtual" else None
-        slot = s.slots.get(sid)
+        slot = dict.get(s.slots, sid)
         if slot is not None and r.row is not None and r.row == slot.row:
+            r, slot = s.reqs[rid], s.slots[sid]
             if r.rid == acting:
                 slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
                 hybrid.sync_borrowed(slot, r, acting=True)

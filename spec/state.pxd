@@ -3,5 +3,6 @@
 cdef class CowMap(dict):
     cdef public set _own
     cdef public object _copy
+    cdef public object _memo
     cdef object _take(self, object k, object v)
     cpdef _take_all(self)

@@ -34,12 +34,19 @@ class CowMap(dict):
     `_own` holds the keys whose entity this map has copied (or was given) and may
     mutate; any other entity is shared and is copied by `_copy` when first handed out.
     Iterating over keys, `in` and `len` copy nothing. The Cython build (`make cython`)
-    makes it an extension type through spec/state.pxd (C-level `m[k]`)."""
+    makes it an extension type through spec/state.pxd (C-level `m[k]`).
+
+    `_memo`: a reader's cache of something computed from the whole map (the explorer's
+    key fragment of the tree). A fork inherits it, since the two maps are equal until
+    one hands out an entity; handing one out (for mutation), storing or deleting drops it.
+    So it is valid as long as entities are mutated only through the map's accessors
+    after the memo was taken, which the clone contract gives."""
 
     def __init__(self, items=(), copy=None):
         dict.__init__(self, items)
         self._own = set(dict.keys(self))
         self._copy = copy
+        self._memo = None
 
     def fork(self) -> "CowMap":
         """A map sharing every entity with this one; the new map owns none of them."""
@@ -47,9 +54,11 @@ class CowMap(dict):
         dict.update(m, self)
         m._own = set()
         m._copy = self._copy
+        m._memo = self._memo
         return m
 
     def _take(self, k, v):
+        self._memo = None
         if k in self._own:
             return v
         v = self._copy(v)
@@ -65,10 +74,12 @@ class CowMap(dict):
         return default if v is _ABSENT else self._take(k, v)
 
     def __setitem__(self, k, v):
+        self._memo = None
         dict.__setitem__(self, k, v)
         self._own.add(k)
 
     def __delitem__(self, k):
+        self._memo = None
         dict.__delitem__(self, k)
         self._own.discard(k)
 
@@ -78,11 +89,13 @@ class CowMap(dict):
                 raise KeyError(k)
             return default
         v = self[k]
+        self._memo = None
         dict.__delitem__(self, k)
         self._own.discard(k)
         return v
 
     def _take_all(self):
+        self._memo = None
         if len(self._own) != len(self):
             for k, v in list(dict.items(self)):
                 self._take(k, v)
@@ -246,26 +259,23 @@ class State:
 
     def clone(self) -> "State":
         """A copy that shares every entity copy-on-write (see `CowMap`); from here on
-        this state must not be mutated."""
-        return State(
-            cfg=self.cfg,
-            free_pages=list(self.free_pages),
-            free_rows=list(self.free_rows),
-            rows=self.rows.fork(),
-            content=dict(self.content),
-            nodes=self.nodes.fork(),
-            next_node_id=self.next_node_id,
-            evictable_size=self.evictable_size,
-            protected_size=self.protected_size,
-            reqs=self.reqs.fork(),
-            slots=self.slots.fork(),
-            sessions=self.sessions.fork(),
-            tick=self.tick,
-            swa_free_pages=list(self.swa_free_pages),
-            full_to_swa_index_mapping=dict(self.full_to_swa_index_mapping),
-            mamba_free_slots=list(self.mamba_free_slots),
-            forward_iter=self.forward_iter,
-        )
+        this state must not be mutated. Field for field, without re-running __init__
+        (the step's one fixed cost: every successor is a clone)."""
+        c = object.__new__(State)
+        d = c.__dict__
+        d.update(self.__dict__)
+        d["free_pages"] = list(self.free_pages)
+        d["free_rows"] = list(self.free_rows)
+        d["rows"] = self.rows.fork()
+        d["content"] = dict(self.content)
+        d["nodes"] = self.nodes.fork()
+        d["reqs"] = self.reqs.fork()
+        d["slots"] = self.slots.fork()
+        d["sessions"] = self.sessions.fork()
+        d["swa_free_pages"] = list(self.swa_free_pages)
+        d["full_to_swa_index_mapping"] = dict(self.full_to_swa_index_mapping)
+        d["mamba_free_slots"] = list(self.mamba_free_slots)
+        return c
 
 
 def initial_state(cfg: Config) -> State:
