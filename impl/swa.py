@@ -122,8 +122,7 @@ class SWATokenToKVPoolAllocator:
         """Both sides, SWA first (it reads the mapping), as `free`."""
         if free_index.numel() == 0:
             return
-        if "swa_free_skips_swa" not in faults.ACTIVE:
-            self.free_swa_segment(free_index, start_pos=start_pos)
+        self.free_swa_segment(free_index, start_pos=start_pos)
         self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
 
     def free_segments(self, segments) -> None:
