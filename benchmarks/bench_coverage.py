@@ -10,6 +10,12 @@
    shrinking), the median over `--seeds` seeds per fault, then the median and worst
    over the faults.
 
+With `--backend sglang:V` (1 only): the release's branches (the modules `kvcheck coverage
+--backend sglang:V` reports, the recorded findings accepted) each engine reaches within
+the same step budgets (`--steps`). The release runs in its own server process, which
+writes its coverage data only as it exits: at each budget the server is stopped (the
+next sequence starts a new one), the data so far combined and counted.
+
 Wall-clock figures from a shared machine: compare the columns of one run.
 """
 from __future__ import annotations
@@ -50,6 +56,60 @@ def curve(engine: str, seed: int, sequences: int) -> list:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+SGLANG_CURVE = """
+import json, os, sys
+os.environ[{env!r}] = {rc!r}
+from adapters.sglang import proxy
+from kvcheck.coverage import sglang_branches
+from kvcheck.engines.campaign import Campaign, run_chunk
+c = Campaign({engine!r}, {seed!r}, {backend!r}, None, {accept!r})
+steps, i, out = 0, 0, []
+for budget in {budgets!r}:
+    while steps < budget:
+        steps += run_chunk(c, i, 1).stats.steps
+        i += 1
+    proxy._stop_all()
+    out.append((steps, i, sglang_branches({rc!r})))
+print(json.dumps(out))
+"""
+
+
+def sglang_curve(backend: str, engine: str, seed: int, budgets: tuple, work: Path) -> list:
+    """[(steps, sequences, the release's branches reached)] at each step budget."""
+    from adapters.sglang.findings import RELEASES
+    from kvcheck.coverage import SGLANG_ENV, sglang_rcfile
+    run_dir = work / f"{engine}-{seed}"
+    run_dir.mkdir(parents=True)
+    rc = sglang_rcfile(run_dir)
+    accept = tuple(RELEASES.get(backend.split(":", 1)[1], ()))
+    code = SGLANG_CURVE.format(env=SGLANG_ENV, rc=str(rc), engine=engine, seed=seed,
+                               backend=backend, accept=accept, budgets=tuple(budgets))
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"{engine} seed {seed}: {r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def sglang_main(args) -> int:
+    import tempfile
+    budgets = tuple(int(b) for b in args.steps.split(","))
+    print(f"{args.backend}: branches of the modules kvcheck coverage reports, reached within "
+          f"a step budget (seeds 0..{args.seeds - 1}, side by side):", flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-coverage-") as tmp:
+        rows = {}
+        for s in range(args.seeds):
+            for e in ENGINES:
+                rows[e, s] = sglang_curve(args.backend, e, s, budgets, Path(tmp))
+                print(f"  {e} seed {s}: " + ", ".join(
+                    f"{st} steps/{n} seq: {br}" for st, n, br in rows[e, s]), flush=True)
+    print(f"{'steps':>8}" + "".join(f"{e:>10}" for e in ENGINES) + "   (median)")
+    for k, b in enumerate(budgets):
+        print(f"{b:>8}" + "".join(
+            f"{statistics.median(rows[e, s][k][2] for s in range(args.seeds)):>10g}"
+            for e in ENGINES))
+    return 0
+
+
 def arcs_within(points: list, budget: int) -> int:
     best = 0
     for steps, arcs in points:
@@ -80,8 +140,13 @@ def main(argv=None) -> int:
     ap.add_argument("--examples", type=int, default=100, help="sequences per detection campaign")
     ap.add_argument("--seeds", type=int, default=1, help="seeds per curve and per fault")
     ap.add_argument("--skip-detect", action="store_true", help="coverage curves only")
+    ap.add_argument("--backend", default="impl",
+                    help="impl, or sglang:V: the release's branches within --steps (no detection)")
+    ap.add_argument("--steps", default="500,1000,2000", help="sglang: step budgets, ascending")
     ap.add_argument("faults", nargs="*", help="planted faults (default: all)")
     args = ap.parse_args(argv)
+    if args.backend != "impl":
+        return sglang_main(args)
 
     print(f"impl/ branch arcs reached within a step budget ({args.sequences} sequences, "
           f"median of {args.seeds} seed(s)):", flush=True)

@@ -46,13 +46,19 @@ def measure(dev, R: int) -> list:
         num_pages = 65536 // P
         alloc = make_allocator(num_pages, P, dev, need_sort=True)
 
+        def fresh(n):       # P > 1: a row's first extend (the paged allocator has no alloc)
+            return alloc.alloc(n) if P == 1 else alloc.alloc_extend(
+                torch.zeros(1, dtype=torch.int64, device=dev),
+                torch.full((1,), n, dtype=torch.int64, device=dev),
+                torch.full((1,), -1, dtype=torch.int64, device=dev), n)
+
         def do_alloc(_):
-            x = alloc.alloc(256)
+            x = fresh(256)
             alloc.free(x)
         rows.append((f"alloc(256)+free  P={P}", timeit(do_alloc, R, dev)))
 
         def setup_free():
-            return alloc.alloc(4096)
+            return fresh(4096)
         rows.append((f"free(4096)        P={P}", timeit(lambda x: alloc.free(x), R, dev, setup_free)))
         if P > 1:
             bs = 8
@@ -81,7 +87,9 @@ def measure(dev, R: int) -> list:
         base = torch.randint(1, 50, (512,), generator=g).tolist()
         key = tuple([i % 4] * 256 + base[:256])
         keys.append(key)
-        rc.insert(key, alloc.alloc(512))
+        rc.insert(key, alloc.alloc_extend(torch.zeros(1, dtype=torch.int64, device=dev),
+                                          torch.full((1,), 512, dtype=torch.int64, device=dev),
+                                          torch.full((1,), -1, dtype=torch.int64, device=dev), 512))
     it = iter(range(10 ** 9))
     rows.append(("radix match_prefix 512 tok", timeit(lambda _: rc.match_prefix(keys[next(it) % 64]), R, dev)))
 

@@ -147,16 +147,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
-    """P > 1."""
-
-    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
-        P = self.page_size
-        if self.debug_mode:
-            assert need_size % P == 0, f"alloc({need_size}) is not a page multiple"
-        pages = self._take_pages(need_size // P)
-        if pages is None:
-            return None
-        return (pages[:, None] * P + torch.arange(P, dtype=I64, device=self.device)).reshape(-1)
+    """P > 1: allocation through `alloc_extend` and `alloc_decode` only, as every upstream
+    caller on a modelled path does (`alloc_token_slots` calls `alloc` only at P == 1;
+    upstream's paged `alloc` serves disaggregation, HiCache and other unmodelled paths)."""
 
     def alloc_extend(self, prefix_lens: torch.Tensor, seq_lens: torch.Tensor,
                      last_loc: torch.Tensor, extend_num_tokens: int) -> Optional[torch.Tensor]:

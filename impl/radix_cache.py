@@ -57,6 +57,7 @@ class RadixCache:
         self.device = device
         self.split_at_prompt = False      # borrow era: checkpoint_into_tree's prompt split
         self.disable = False              # borrow era --disable-radix-cache: keeps nothing
+        self.segment_frees = False        # borrow era: tree KV goes back by free_segment
         self.reset()
 
     def reset(self) -> None:
@@ -68,6 +69,16 @@ class RadixCache:
     # -- helpers -----------------------------------------------------------------
     def page_align_len(self, n: int) -> int:
         return n // self.page_size * self.page_size
+
+    def free_tree_kv(self, kv: torch.Tensor) -> None:
+        """Give back page-aligned tree KV (an evicted leaf, the duplicates an insert
+        exposed). Borrow era: 0.5.23's `FreeDeviceKV` action, `free_segment(indices,
+        start_pos=0)` (page representatives, no unique: the tree's values are whole pages
+        of a row); wrapper era: `free`."""
+        if self.segment_frees:
+            self.token_to_kv_pool_allocator.free_segment(kv, start_pos=0)
+        else:
+            self.token_to_kv_pool_allocator.free(kv)
 
     def _child_key(self, key: tuple) -> tuple:
         return tuple(key[: self.page_size])
@@ -206,7 +217,7 @@ class RadixCache:
         while evicted < num_tokens and candidates:
             vid = min(candidates, key=lambda i: (candidates[i].last_access_tick, paths[i]))
             x = candidates.pop(vid)
-            self.token_to_kv_pool_allocator.free(x.value)
+            self.free_tree_kv(x.value)
             evicted += len(x.key)
             parent = x.parent
             del parent.children[self._child_key(x.key)]
@@ -232,7 +243,7 @@ class RadixCache:
         keys = token_ids[:n_keys]
         new_prefix_len = self.insert(keys, kv[:n_keys])
         protected = req.cache_protected_len
-        self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+        self.free_tree_kv(kv[protected:new_prefix_len])
         if self.split_at_prompt:
             self._split_at_prompt(req, n_keys, kv)
         new_indices, new_last_node = self.match_prefix(keys)
@@ -265,7 +276,7 @@ class RadixCache:
         if is_insert:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])
-            self.token_to_kv_pool_allocator.free(kv[protected:new_prefix_len])
+            self.free_tree_kv(kv[protected:new_prefix_len])
             if self.split_at_prompt:
                 self._split_at_prompt(req, n_keys, kv)
         else:

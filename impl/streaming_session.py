@@ -84,6 +84,7 @@ class StreamingSession:
         self.era = era
         self.slots: dict = {}
         inner.split_at_prompt = era == "borrow"
+        inner.segment_frees = era == "borrow"
 
     @property
     def req_to_token_pool(self):

@@ -118,6 +118,13 @@ class SWATokenToKVPoolAllocator:
         assert start_pos % self.page_size == 0, f"segment start {start_pos} is not page-aligned"
         self.free_swa(free_index)
 
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Both sides, SWA first (it reads the mapping), as `free`."""
+        if free_index.numel() == 0:
+            return
+        self.free_swa_segment(free_index, start_pos=start_pos)
+        self.full_attn_allocator.free_segment(free_index, start_pos=start_pos)
+
     def free_segments(self, segments) -> None:
         """Both sides, SWA first (it reads the mapping)."""
         for free_index, start_pos in segments:

@@ -340,6 +340,17 @@ def measure_sglang(plan: Plan, work: Path, progress=_progress) -> tuple[dict, li
     return json.loads(out.read_text()), parts
 
 
+def sglang_branches(rc: Path) -> int:
+    """The release's branches reached so far (what `sglang_report` counts), from the data
+    files the server processes under `rc` wrote (kept, so a later call counts them again)."""
+    import coverage
+    cov = coverage.Coverage(config_file=str(rc))
+    cov.combine(strict=False, keep=True)
+    out = Path(rc).with_suffix(".json")
+    cov.json_report(outfile=str(out), ignore_errors=True)
+    return sum(f.branches - len(f.missing) for f in sglang_report(json.loads(out.read_text())))
+
+
 def measure(plan: Plan, progress=_progress) -> tuple[CoverageReport, dict]:
     """Run the plan under coverage; (the report, coverage.py's JSON data)."""
     t0 = time.monotonic()

@@ -122,3 +122,34 @@ def test_sglang_coverage_is_measured_in_the_release_process(tmp_path):
     ss = files["srt/session/streaming_session.py"]
     assert ss["branches"] > len(ss["missing_branches"]), "no branch of the session reached"
     assert "srt/managers/schedule_batch.py" in files
+
+
+def test_a_lazy_track_buffer_is_drawn_with_the_overlap_scheduler():
+    """Without overlap a lazy buffer is an eager one (one slot, no -1 entry), so the
+    -1 entry `lazy_track_frees_sentinel` frees would be drawn half as often."""
+    import random
+    from kvcheck.engines.gen import RandomDrawer, draw_config
+    d = RandomDrawer(random.Random(0))
+    cfgs = [draw_config(d, hybrid=True, hybrid_kinds=("mamba",), spec_enabled=False)
+            for _ in range(200)]
+    lazy = [c for c in cfgs if c.mamba_extra_buffer == "lazy"]
+    assert lazy and all(c.overlap for c in lazy)
+    assert any(not c.overlap for c in cfgs), "overlap is still drawn for the others"
+
+
+@pytest.mark.parametrize("era, call", [("borrow", "free_segment"), ("wrapper", "free")])
+def test_tree_kv_goes_back_as_upstream_frees_it_in_each_era(era, call):
+    """0.5.23 frees an evicted leaf and an insert's duplicates with `free_segment`
+    (`FreeDeviceKV`); 0.5.15 with `free`."""
+    import torch
+    from impl.scheduler import Scheduler
+    s = Scheduler(page_size=2, num_pages=8, num_rows=2, era=era, device="cpu")
+    alloc, calls = s.token_to_kv_pool_allocator, []
+    for name in ("free", "free_segment"):
+        real = getattr(alloc, name)
+        setattr(alloc, name, lambda x, *a, _n=name, _r=real, **k: (calls.append(_n), _r(x, *a, **k)))
+    tree = s.tree_cache.inner
+    kv = alloc.alloc_extend(torch.tensor([0]), torch.tensor([4]), torch.tensor([-1]), 4)
+    tree.insert((1, 2, 3, 4), kv)
+    tree.evict(4)
+    assert calls == [call]

@@ -17,6 +17,12 @@ def L(x):
     return x.tolist()
 
 
+def fresh(a, n):
+    """n tokens on fresh pages: `alloc` at P == 1, a row's first extend at P > 1 (the
+    paged allocator has no `alloc`, as no modelled upstream path calls it)."""
+    return a.alloc(n) if a.page_size == 1 else a.alloc_extend(t(0), t(n), t(-1), n)
+
+
 def test_device_resolution(monkeypatch):
     assert resolve_device("cpu") == torch.device("cpu")
     monkeypatch.setenv("KVCHECK_DEVICE", "cpu")
@@ -36,10 +42,11 @@ def test_token_allocator_clear_alloc_free():
     assert L(a.get_all_free_pages()).count(2) == 2
 
 
-def test_paged_alloc_whole_pages():
+def test_paged_extend_from_zero_takes_whole_pages():
     a = PagedTokenToKVPoolAllocator(16, 4, DEV, need_sort=False)
     assert L(a.free_pages) == [1, 2, 3, 4]                       # page 0 reserved
-    assert L(a.alloc(8)) == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert not hasattr(a, "alloc")
+    assert L(fresh(a, 8)) == [4, 5, 6, 7, 8, 9, 10, 11]
     assert a.available_size() == 8
     a.free(t(4, 5, 9))                                           # pages 1 and 2, whole
     assert L(a.free_pages) == [1, 2, 3, 4]
@@ -79,12 +86,12 @@ def test_alloc_decode_new_page_iff_first_of_page():
 
 def test_need_sort_release_pages_and_merge():
     a = PagedTokenToKVPoolAllocator(12, 4, DEV, need_sort=True)
-    x = a.alloc(12)
+    x = fresh(a, 12)
     assert L(x) == list(range(4, 16)) and a.available_size() == 0
     a.free(t(13, 4))                                             # pages 3 and 1, parked
     assert L(a.release_pages) == [1, 3] and len(a.free_pages) == 0
     assert a.available_size() == 8
-    assert L(a.alloc(4)) == [4, 5, 6, 7]                         # merge_and_sort_free
+    assert L(fresh(a, 4)) == [4, 5, 6, 7]                        # merge_and_sort_free
     assert L(a.free_pages) == [3] and len(a.release_pages) == 0
 
 
@@ -101,7 +108,7 @@ def test_free_group_dedups_across_the_group():
 
 def test_free_segments_boundary_page_once():
     a = PagedTokenToKVPoolAllocator(16, 4, DEV, need_sort=False)
-    row = a.alloc(12)                                            # pages 1, 2, 3: indices 4..15
+    row = fresh(a, 12)                                           # pages 1, 2, 3: indices 4..15
     a.free_segments([(row[0:6], 0), (row[6:12], 6)])             # second starts in page 2
     assert sorted(L(a.free_pages)) == [1, 2, 3, 4]
     with pytest.raises(AssertionError):
@@ -110,7 +117,7 @@ def test_free_segments_boundary_page_once():
 
 def test_debug_mode_asserts_no_duplicate():
     a = PagedTokenToKVPoolAllocator(8, 4, DEV, need_sort=True, debug_mode=True)
-    x = a.alloc(8)
+    x = fresh(a, 8)
     a.free(x[:4])
     with pytest.raises(AssertionError, match="double free"):
         a.free(x[:1])
@@ -119,8 +126,8 @@ def test_debug_mode_asserts_no_duplicate():
 def test_page_zero_never_handed_out():
     for P in (1, 4):
         a = make_allocator(5, P, DEV)
-        got = a.alloc(5 * P)
-        assert 0 not in L(got // P) and a.alloc(P) is None
+        got = fresh(a, 5 * P)
+        assert 0 not in L(got // P) and fresh(a, P) is None
 
 
 class _R:

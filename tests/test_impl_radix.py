@@ -69,7 +69,7 @@ def test_evict_unlocked_leaves_in_tick_then_path_order():
 
 def test_evict_pushes_parent_that_becomes_a_leaf_and_ties_break_by_path():
     rc, alloc = tree(P=2, pages=16)
-    assert alloc.alloc(8).tolist() == list(range(2, 10))     # pages 1..4 taken
+    assert alloc.alloc_extend(idx(0), idx(8), idx(-1), 8).tolist() == list(range(2, 10))  # pages 1..4
     rc.insert((1, 1, 2, 2), idx(2, 3, 4, 5))
     rc.insert((1, 1, 3, 3), idx(2, 3, 6, 7))   # splits: (1,1) parent, two leaves
     # leaves (1,1,2,2) and (1,1,3,3) share the tick of the second insert -> path order

@@ -26,7 +26,9 @@ class FreeSpy:
 def setup_row(s: Scheduler, req: Req, n: int) -> list:
     """Give req a row and n fresh KV indices in positions [0, n)."""
     s.req_to_token_pool.alloc([req])
-    out = s.token_to_kv_pool_allocator.alloc(n)
+    a = s.token_to_kv_pool_allocator
+    out = a.alloc(n) if a.page_size == 1 else a.alloc_extend(
+        torch.tensor([0]), torch.tensor([n]), torch.tensor([-1]), n)
     s.req_to_token_pool.write(req.req_pool_idx, 0, out)
     return out.tolist()
 

@@ -114,6 +114,13 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
         lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
         kw["mamba_extra_buffer"] = d.choice(EXTRA_BUFFERS if lazy_ok else NO_LAZY,
                                             "mamba_extra_buffer")
+        if kw["mamba_extra_buffer"] == "lazy":
+            # A lazy track buffer differs from an eager one only under the overlap
+            # scheduler (two entries, one left -1); without it both hold one slot. So
+            # lazy takes overlap on, with no extra draw (other configurations keep
+            # theirs): the -1 entry that 0.5.15's `_free_slot_mamba` frees
+            # (`lazy_track_frees_sentinel`) was drawn in one sequence in 72 before.
+            kw["overlap"] = True
     if kind == "mamba-no-radix":        # 0.5.23's hybrid SSM tree keeping no Mamba state
         kw["disable_radix_cache"] = True
     return replace(cfg, **kw)
