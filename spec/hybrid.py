@@ -253,6 +253,18 @@ def swa_match_len(s: State, pages) -> int:
     return len(pages) * P if since is None or since >= window else best
 
 
+def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -> int:
+    """Wrapper era `SWARadixCache._insert_helper` (0.5.15 l.1205-1236): of the new suffix
+    `[start, end)` of an insert, `[start, swa_evicted_seqlen)` (whose SWA KV the window
+    freed) becomes a tombstone node of its own above the live leaf. Returns the cut:
+    start when nothing is tombstoned; end when all of it is (upstream then frees the
+    suffix and adds no node: a leaf is never a tombstone). The borrow era and a non-SWA
+    run: start."""
+    if not swa_on(s) or s.cfg.era == "borrow":
+        return start
+    return min(max(start, swa_evicted_seqlen), end)
+
+
 def swa_held_tokens(s: State, holder) -> int:
     """`session_held_swa_tokens` of one holder: `ceil_align(allocated) - max(protected,
     swa_evicted_seqlen)`."""

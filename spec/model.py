@@ -198,19 +198,31 @@ def match_prefix(s: State, key: tuple) -> tuple[int, list]:
     return nid, pages
 
 
-def insert(s: State, key: tuple, pages: list) -> int:
+def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0) -> int:
     """`RadixCache.insert`: returns how much already existed; the new suffix becomes a
-    fresh leaf (evictable). The caller frees its duplicates of the existing part."""
+    fresh leaf (evictable). The caller frees its duplicates of the existing part. Under
+    SWA (wrapper era) the suffix's part below `swa_evicted_seqlen` is a node of its own
+    (`hybrid.swa_tombstone_cut`)."""
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
-    if i < len(key):
-        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
-                    _creation_tick(s), path=tuple(key))
-        s.next_node_id += 1
-        s.nodes[leaf.id] = leaf
-        s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
-        s.evictable_size += len(leaf.key)
+    cut = hybrid.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
+    if i < cut == len(key):
+        _free_pages(s, pages[i // P:len(key) // P])     # no all-tombstone leaf
+        return i
+    for lo, hi in ((i, cut), (cut, len(key))):
+        if lo < hi:
+            nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
     return i
+
+
+def _add_node(s: State, parent: int, path: tuple, start: int, pages: tuple) -> int:
+    """`_add_new_node`: a fresh unlocked node for path[start:] under parent."""
+    n = Node(s.next_node_id, path[start:], pages, parent, {}, 0, _creation_tick(s), path=path)
+    s.next_node_id += 1
+    s.nodes[n.id] = n
+    s.nodes[parent].children[_page_key(s, n.key, 0)] = n.id
+    s.evictable_size += len(n.key)
+    return n.id
 
 
 def inc_lock_ref(s: State, anchor) -> None:
@@ -317,7 +329,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     req.committed_freed = True                      # pop_committed_kv_cache
     keys_len = floor_align(committed, P)
     if is_insert:
-        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P])
+        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
+                                req.swa_evicted_seqlen)
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
         if s.cfg.era == "borrow":

@@ -35,7 +35,7 @@ import types
 
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
-    if cfg.swa_window:
+    if cfg.swa_window and api != "flat":
         return ("config.swa_window: the sglang adapter drives no SWA tree (0.5.15 "
                 "SWARadixCache, 0.5.23 UnifiedRadixCache's SWA component; the allocator "
                 "itself runs on the CPU: adapters/sglang/hybrid.py); use swa_window=0 with "
