@@ -257,6 +257,45 @@ class SWARadixCache(RadixCache):
         super().cache_unfinished_req(req, chunked=chunked)
         req.swa_uuid_for_lock = swa_lock_boundary(self, req.last_node)
 
+    def cache_finished_req(self, req, is_insert: bool = True, **kw) -> None:
+        """`cache_finished_req` inserts with `swa_evicted_seqlen=req.swa_evicted_seqlen`."""
+        self._swa_evicted_seqlen = req.swa_evicted_seqlen
+        try:
+            super().cache_finished_req(req, is_insert=is_insert, **kw)
+        finally:
+            self._swa_evicted_seqlen = 0
+
+    def insert(self, key, value: torch.Tensor) -> int:
+        """Wrapper era `_insert_helper`: the new suffix's part below `swa_evicted_seqlen`
+        (SWA KV freed by the window) is a tombstone node of its own above the live leaf;
+        a suffix that is all below it is freed, not added (no tombstone leaf)."""
+        key, sev = tuple(key), getattr(self, "_swa_evicted_seqlen", 0)
+        if self.split_at_prompt or sev <= 0:
+            return super().insert(key, value)
+        i = self._existing_len(key)
+        cut = min(max(i, sev), len(key))
+        if i < cut == len(key):
+            self.match_prefix(key)              # the walk's stamps and split
+            self.token_to_kv_pool_allocator.free(value[i:].to(I64))
+            return i
+        if i < cut:
+            super().insert(key[:cut], value[:cut])
+            super().insert(key, value)
+            return i
+        return super().insert(key, value)
+
+    def _existing_len(self, key: tuple) -> int:
+        """How much of key the tree holds (whole pages), without touching it."""
+        node, n = self.root_node, 0
+        while n < len(key) and self._child_key(key[n:]) in node.children:
+            child = node.children[self._child_key(key[n:])]
+            m = self._key_match(child.key, key[n:])
+            n += m
+            if m < len(child.key):
+                break
+            node = child
+        return n
+
 
 def swa_lock_boundary(tree, node):
     """`inc_lock_ref(...).swa_uuid_for_lock`: the locked radix node (None: root/virtual)."""

@@ -94,9 +94,7 @@ def _page_census(a) -> list:
     rel = getattr(a, "release_pages", None)
     if rel is not None and len(rel):
         parts.append(rel)
-    P = getattr(a, "page_size", 1)
-    t = torch.cat(parts)
-    return [int(x) // (1 if P > 1 else 1) for x in t.tolist()]
+    return [int(x) for x in torch.cat(parts).tolist()]
 
 
 def swa_view(cfg, alloc) -> dict:
