@@ -16,7 +16,8 @@ from spec.state import initial_state
 ROOT = Path(__file__).resolve().parents[1]
 need_515 = pytest.mark.skipif(not (ROOT / ".venv-sglang-0.5.15/bin/python").exists(),
                               reason="no .venv-sglang-0.5.15 (adapters/sglang/make_env.sh 0.5.15)")
-SWA_TRACES = ("swa_evict_past_tombstoned_leaf", "swa_match_over_tombstones", "swa_tombstone_internal_node")
+SWA_TRACES = ("swa_evict_past_tombstoned_leaf", "swa_match_over_tombstones",
+              "swa_tombstone_internal_node")
 
 
 @need_515
