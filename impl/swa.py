@@ -229,11 +229,30 @@ class SWARadixCache(RadixCache):
         return True
 
     def match_prefix(self, key) -> tuple:
+        if self._wrapper():
+            # `_match_post_processor`: the walk splits, and only the usable node and its
+            # parents are touched (`reset_node_and_parents_mru`), after the splits
+            usable = self._swa_usable_len(self._split_walk(key))
+            return super().match_prefix(tuple(key)[:usable])
         idx, node = super().match_prefix(key)
         usable = self._swa_usable_len(idx)
         if usable < len(idx):
             idx, node = super().match_prefix(tuple(key)[:usable])
         return idx, node
+
+    def _split_walk(self, key) -> torch.Tensor:
+        """`match_prefix`'s walk and split without its access stamps."""
+        key = tuple(key)[: self.page_align_len(len(key))]
+        node, values = self.root_node, []
+        while len(key) > 0 and self._child_key(key) in node.children:
+            child = node.children[self._child_key(key)]
+            plen = self._key_match(child.key, key)
+            if plen < len(child.key):
+                values.append(self._split_node(child, plen).value)
+                break
+            values.append(child.value)
+            node, key = child, key[plen:]
+        return torch.cat(values) if values else torch.empty(0, dtype=I64, device=self.device)
 
     def _swa_usable_len(self, idx: torch.Tensor) -> int:
         P, window = self.page_size, self.sliding_window_size

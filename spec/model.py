@@ -170,7 +170,7 @@ def _creation_tick(s: State) -> int:
     return s.tick
 
 
-def _walk(s: State, key: tuple) -> tuple[int, int, list]:
+def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     """The walk `match_prefix` and `insert` share: one access tick for the call, every
     node on the path stamped with it (before a split too, so the lower half carries it), a
     node the key ends inside split (the new upper half: `_creation_tick`). Returns (last
@@ -183,7 +183,8 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
         if cid is None:
             break
         child = s.nodes[cid]
-        child.tick = access
+        if stamp:
+            child.tick = access
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -194,10 +195,11 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
     return nid, i, pages
 
 
-def match_prefix(s: State, key: tuple) -> tuple[int, list]:
+def match_prefix(s: State, key: tuple, stamp: bool = True) -> tuple[int, list]:
     """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
-    returns (last node id, matched page ids). Takes no lock."""
-    nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)])
+    returns (last node id, matched page ids). Takes no lock. `stamp=False`: the walk
+    splits but touches no access time."""
+    nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)], stamp)
     return nid, pages
 
 
@@ -717,9 +719,12 @@ def _match(s: State, req: Req) -> int:
         req.protected = slot.protected
         req.prefix_len = prefix_len
         return prefix_len
-    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)])
+    swa_tree = hybrid.swa_tree_on(s)
+    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
-    if usable < len(pages) * s.cfg.page_size:
+    if usable < len(pages) * s.cfg.page_size or swa_tree:
+        # SWARadixCache `_match_post_processor`: only the usable node and its parents
+        # are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill_ids[:usable])
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
