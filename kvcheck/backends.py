@@ -26,8 +26,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     """The generators' configuration constraints for a backend (gen.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era only, without the lazy track buffer, whose finding M1
-    is checked by its trace (docs/upstream-findings.md); SWA on no release: its tree is
-    not driven, adapters/sglang/hybrid.py)."""
+    is checked by its trace (docs/upstream-findings.md); SWA on the wrapper era only:
+    0.5.23's SWA tree component is not driven, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -37,7 +37,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if accept:
         kw["accept"] = accept
     if name.startswith("sglang"):
-        kw.update({"hybrid_kinds": ("mamba-no-lazy",)} if era == "wrapper" else {"hybrid": False})
+        kw.update({"hybrid_kinds": ("mamba-no-lazy", "swa")} if era == "wrapper"
+                  else {"hybrid": False})
     return kw
 
 
