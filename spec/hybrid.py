@@ -126,7 +126,8 @@ def swa_evictable_size(s: State) -> int:
 def swa_admission_short(s: State, need: int) -> bool:
     """The admission budget on the SWA side (`PrefillAdder`'s SWA tokens): available
     plus what evicting unlocked nodes would return."""
-    return swa_on(s) and need > swa_available_size(s) + swa_evictable_size(s)
+    return swa_on(s) and need > swa_available_size(s) and \
+        need > swa_available_size(s) + swa_evictable_size(s)
 
 
 def map_swa_pages(s: State, full_pages) -> None:
