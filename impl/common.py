@@ -30,11 +30,15 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
         if shortfall > 0:
             tree_cache.evict(shortfall)
         return
+    if hasattr(allocator, "swa_available_size"):
+        # 0.5.15 with an SWATokenToKVPoolAllocator: each pool's shortfall
+        full = max(0, num_tokens - allocator.full_available_size())
+        swa = max(0, num_tokens - allocator.swa_available_size())
+        if full or swa:
+            getattr(tree_cache, "inner", tree_cache).evict_hybrid(full, swa)
+        return
     if allocator.available_size() < num_tokens:
         tree_cache.evict(num_tokens)
-    while hasattr(allocator, "swa_available_size") and \
-            allocator.swa_available_size() < num_tokens and tree_cache.evict(1):
-        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 @contextmanager

@@ -90,6 +90,9 @@ class Scheduler:
         self.radix_cache.disable = disable_radix_cache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
+        if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
+            self.radix_cache.lock_holders = lambda: [*self.reqs.values(),
+                                                     *self.tree_cache.slots.values()]
         self.session_controller = SessionController(self.tree_cache)
         self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode
 
@@ -140,6 +143,8 @@ class Scheduler:
             if common.alloc_for_decode(self, req) is None:
                 return
             req.kv_allocated_len = pos + 1
+            if self.era == "wrapper":   # a prepared decode batch: `maybe_evict_swa` too
+                self._decode_batch_done(req)
         self._write_kv(req, pos, pos + 1)
         req.kv_committed_len = pos + 1
 
@@ -200,12 +205,13 @@ class Scheduler:
             return "rejected"
         end = chunk_end(prefix_len, input_len, self.chunk_size, self.page_size)
         self.tree_cache.inc_lock_ref(last_node)
-        if not self._extend_fits(prefix_len, end):
-            self.tree_cache.dec_lock_ref(last_node)
-            return "rejected"
-        req.lock_held = True
+        was_held, req.lock_held = req.lock_held, True   # the budget is read under the lock
         if self.swa_window:
             req.swa_uuid_for_lock = swa_lock_boundary(self.radix_cache, last_node)
+        if not self._extend_fits(prefix_len, end):
+            self.tree_cache.dec_lock_ref(last_node)
+            req.lock_held = was_held
+            return "rejected"
         if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
                 getattr(req.session, "session_id", None)), "virtual_node", False):
             req.lock_held = False          # locking a virtual node holds nothing

@@ -229,16 +229,37 @@ class SWARadixCache(RadixCache):
                  sliding_window_size: int):
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, device)
         self.sliding_window_size = sliding_window_size
+        self.lock_holders = lambda: ()      # the scheduler's requests and session slots
+        self._insert_ctx = (0, 0)           # (prev_prefix_len, swa_evicted_seqlen) of an insert
 
     def supports_swa(self) -> bool:
         return True
 
     def match_prefix(self, key) -> tuple:
+        if self._wrapper():
+            # `_match_post_processor`: the walk splits, and only the usable node and its
+            # parents are touched (`reset_node_and_parents_mru`), after the splits
+            usable = self._swa_usable_len(self._split_walk(key))
+            return super().match_prefix(tuple(key)[:usable])
         idx, node = super().match_prefix(key)
         usable = self._swa_usable_len(idx)
         if usable < len(idx):
             idx, node = super().match_prefix(tuple(key)[:usable])
         return idx, node
+
+    def _split_walk(self, key) -> torch.Tensor:
+        """`match_prefix`'s walk and split without its access stamps."""
+        key = tuple(key)[: self.page_align_len(len(key))]
+        node, values = self.root_node, []
+        while len(key) > 0 and self._child_key(key) in node.children:
+            child = node.children[self._child_key(key)]
+            plen = self._key_match(child.key, key)
+            if plen < len(child.key):
+                values.append(self._split_node(child, plen).value)
+                break
+            values.append(child.value)
+            node, key = child, key[plen:]
+        return torch.cat(values) if values else torch.empty(0, dtype=I64, device=self.device)
 
     def _swa_usable_len(self, idx: torch.Tensor) -> int:
         P, window = self.page_size, self.sliding_window_size
@@ -253,19 +274,196 @@ class SWARadixCache(RadixCache):
                 since = None if since is None else since + P
         return len(idx) if since is None or since >= window else best
 
+    def evict(self, num_tokens: int) -> int:
+        return self.evict_hybrid(num_tokens, 0)[0] if self._wrapper() else super().evict(num_tokens)
+
+    def _delete(self, x) -> int:
+        """`_delete_leaf`: the node's KV goes back, the node leaves the tree."""
+        self.token_to_kv_pool_allocator.free(x.value)
+        x.evicted_path = x.path()
+        del x.parent.children[self._child_key(x.key)]
+        self.evictable_size_ -= len(x.key)
+        x.parent = None
+        return len(x.key)
+
+    def _delete_tombstone_chain(self, parent) -> int:
+        """`_iteratively_delete_tombstone_leaf`: tombstoned parents left childless."""
+        n = 0
+        while parent is not self.root_node and not parent.children and parent.lock_ref == 0 \
+                and self.tombstoned(parent):
+            up = parent.parent
+            n += self._delete(parent)
+            parent = up
+        return n
+
+    def _lru(self, nodes):
+        return min(nodes, key=lambda n: (n.last_access_tick, n.path()))
+
+    def evict_hybrid(self, num_tokens: int, swa_num_tokens: int) -> tuple:
+        """0.5.15 `SWARadixCache.evict(EvictParams(num_tokens, swa_num_tokens))`: unlocked
+        leaves least recent first (with the tombstoned parents they leave childless)
+        until num_tokens full tokens; then, for the SWA tokens still short, every node
+        neither tombstoned nor SWA-locked, least recent first: an internal node or a
+        full-locked leaf is tombstoned (`free_swa`), an unlocked leaf deleted."""
+        full = swa = 0
+        while full < num_tokens:
+            leaves = [n for n in self.all_nodes() if self._is_candidate(n)]
+            if not leaves:
+                break
+            x = self._lru(leaves)
+            swa += 0 if self.tombstoned(x) else len(x.key)
+            parent = x.parent
+            full += self._delete(x)
+            full += self._delete_tombstone_chain(parent)
+        while swa < swa_num_tokens:
+            locked = self.swa_locked()
+            cands = [n for n in self.all_nodes() if n.id not in locked and not self.tombstoned(n)]
+            if not cands:
+                break
+            x = self._lru(cands)
+            swa += len(x.key)
+            if x.children or x.lock_ref > 0:
+                self.token_to_kv_pool_allocator.free_swa(x.value)
+                continue
+            parent = x.parent
+            full += self._delete(x)
+            full += self._delete_tombstone_chain(parent)
+        return full, swa
+
     def swa_evictable_size(self) -> int:
-        """SWA tokens of unlocked nodes (a tombstone page has none)."""
+        """SWA tokens of unlocked nodes (a tombstone page has none). Wrapper era
+        (`SWARadixCache.swa_evictable_size_`): live nodes without an SWA lock."""
+        if self._wrapper():
+            locked = self.swa_locked()
+            return sum(len(n.key) for n in self.all_nodes()
+                       if n.id not in locked and not self.tombstoned(n))
         P, alloc = self.page_size, self.token_to_kv_pool_allocator
         return sum(P for n in self.all_nodes() if n.lock_ref == 0
                    for k in range(len(n.key) // P)
                    if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
-        super().cache_unfinished_req(req, chunked=chunked)
+        self._insert_ctx = (req.cache_protected_len, 0)
+        try:
+            super().cache_unfinished_req(req, chunked=chunked)
+        finally:
+            self._insert_ctx = (0, 0)
         req.swa_uuid_for_lock = swa_lock_boundary(self, req.last_node)
+
+    def cache_finished_req(self, req, is_insert: bool = True, **kw) -> None:
+        """`cache_finished_req` inserts with `swa_evicted_seqlen=req.swa_evicted_seqlen`."""
+        self._insert_ctx = (req.cache_protected_len, req.swa_evicted_seqlen)
+        try:
+            super().cache_finished_req(req, is_insert=is_insert, **kw)
+        finally:
+            self._insert_ctx = (0, 0)
+
+    # -- the wrapper era's SWA tree (0.5.15 SWARadixCache) -------------------------------
+    def _wrapper(self) -> bool:
+        return not self.split_at_prompt
+
+    def tombstoned(self, n) -> bool:
+        """`swa_tombstone`: none of the node's indices maps to an SWA index."""
+        m = self.token_to_kv_pool_allocator.full_to_swa_index_mapping
+        return len(n.key) > 0 and bool((m[n.value.to(I64)] == 0).all())
+
+    def _split_node(self, child, split_len: int):
+        """The new upper half inherits the child's `swa_uuid` (wrapper era): a holder
+        whose SWA lock ended at the child now ends at the upper half."""
+        new = super()._split_node(child, split_len)
+        if self._wrapper():     # the lower half is re-stamped, after the upper one
+            child.last_access_tick = self._creation_tick()
+            for h in self.lock_holders():
+                if getattr(h, "swa_uuid_for_lock", None) is child:
+                    h.swa_uuid_for_lock = new
+        return new
+
+    def swa_locked(self) -> set:
+        """Ids of the nodes with `swa_lock_ref > 0`: from each lock holder's node up to
+        its `swa_uuid_for_lock` node inclusive (to the root when None)."""
+        from impl.radix_cache import TreeNode
+        out = set()
+        for h in self.lock_holders():
+            node = h.last_node
+            if not getattr(h, "lock_held", True) or not isinstance(node, TreeNode):
+                continue
+            while node is not self.root_node and node is not None:
+                out.add(node.id)
+                if node is h.swa_uuid_for_lock:
+                    break
+                node = node.parent
+        return out
+
+    def _recover_tombstones(self, key: tuple, value: torch.Tensor, end: int) -> None:
+        """`_insert_helper`'s tombstone recovery: a tombstoned node on the walk that ends
+        past prev_prefix_len takes the incoming SWA KV for its part at or past
+        swa_evicted_seqlen (split there). The node keeps its full indices; the caller
+        frees the incoming ones (their SWA entries now 0)."""
+        after, sev = self._insert_ctx
+        m = self.token_to_kv_pool_allocator.full_to_swa_index_mapping
+        node, start = self.root_node, 0
+        while start < end:
+            node = node.children[self._child_key(key[start:])]
+            stop = start + len(node.key)
+            if stop > after and sev < stop and self.tombstoned(node):
+                lo = max(start, sev)
+                if lo > start:
+                    self._split_node(node, lo - start)
+                inc = value[lo:stop].to(I64)
+                m[node.value.to(I64)] = m[inc]
+                m[inc] = 0
+            start = stop
+
+    def insert(self, key, value: torch.Tensor) -> int:
+        """Wrapper era `_insert_helper`: tombstone recovery on the walk; the new suffix's
+        part below `swa_evicted_seqlen` (SWA KV freed by the window) is a tombstone node
+        of its own above the live leaf; a suffix that is all below it is freed, not added
+        (no tombstone leaf)."""
+        key, sev = tuple(key), self._insert_ctx[1]
+        if self.split_at_prompt:
+            return super().insert(key, value)
+        i = self._existing_len(key)
+        if i:
+            self.match_prefix(key[:i])          # the walk's stamps and split, first
+            self._recover_tombstones(key, value, i)
+        cut = min(max(i, sev), len(key))
+        if i < cut == len(key):
+            self.match_prefix(key)              # the walk's stamps and split
+            self.token_to_kv_pool_allocator.free(value[i:].to(I64))
+            return i
+        if i < cut:
+            super().insert(key[:cut], value[:cut])
+            super().insert(key, value)
+            return i
+        return super().insert(key, value)
+
+    def _existing_len(self, key: tuple) -> int:
+        """How much of key the tree holds (whole pages), without touching it."""
+        node, n = self.root_node, 0
+        while n < len(key) and self._child_key(key[n:]) in node.children:
+            child = node.children[self._child_key(key[n:])]
+            m = self._key_match(child.key, key[n:])
+            n += m
+            if m < len(child.key):
+                break
+            node = child
+        return n
 
 
 def swa_lock_boundary(tree, node):
-    """`inc_lock_ref(...).swa_uuid_for_lock`: the locked radix node (None: root/virtual)."""
+    """`inc_lock_ref(...).swa_uuid_for_lock`: wrapper era, the node where the SWA lock,
+    walking up from the locked node, first covers `sliding_window_size` tokens; borrow
+    era, the locked radix node (None: the root, a virtual node, or the root reached
+    first)."""
     from impl.radix_cache import TreeNode
-    return node if isinstance(node, TreeNode) and node is not tree.root_node else None
+    if not isinstance(node, TreeNode) or node is tree.root_node:
+        return None
+    if tree.split_at_prompt:
+        return node
+    size = 0
+    while node is not tree.root_node:
+        size += len(node.key)
+        if size >= tree.sliding_window_size:
+            return node
+        node = node.parent
+    return None

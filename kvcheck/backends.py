@@ -27,8 +27,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
     checked by its trace (docs/upstream-findings.md), and on the borrow era with the
-    radix cache disabled (its Mamba tree is not modelled); SWA on no release: its tree
-    is not driven, adapters/sglang/hybrid.py)."""
+    radix cache disabled (its Mamba tree is not modelled); SWA on the wrapper era only:
+    0.5.23's SWA tree component is not driven, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -38,7 +38,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if accept:
         kw["accept"] = accept
     if name.startswith("sglang"):
-        kw["hybrid_kinds"] = ("mamba-no-lazy",) if era == "wrapper" else ("mamba-no-radix",)
+        kw["hybrid_kinds"] = (("mamba-no-lazy", "swa") if era == "wrapper"
+                              else ("mamba-no-radix",))
     return kw
 
 

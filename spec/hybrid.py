@@ -87,6 +87,11 @@ def swa_on(s: State) -> bool:
     return s.cfg.swa_window > 0
 
 
+def swa_tree_on(s: State) -> bool:
+    """The wrapper era's SWA tree (`SWARadixCache`): SWA on, era "wrapper"."""
+    return s.cfg.swa_window > 0 and s.cfg.era != "borrow"
+
+
 def swa_available_size(s: State) -> int:
     return len(s.swa_free_pages) * s.cfg.page_size
 
@@ -110,6 +115,10 @@ def swa_evictable_size(s: State) -> int:
     """SWA tokens the tree can give back: the SWA pages of unlocked nodes (a tombstone
     page gives none)."""
     P, mapping = s.cfg.page_size, s.full_to_swa_index_mapping
+    if swa_tree_on(s):      # `SWARadixCache.swa_evictable_size`: live nodes, no SWA lock
+        locked = swa_locked_nodes(s)
+        return sum(len(n.key) for n in dict.values(s.nodes)
+                   if n.id != 0 and n.id not in locked and not swa_tombstoned(s, n))
     return sum(P for n in s.nodes.values() if n.lock_ref == 0 and n.id != 0
                for p in n.pages if p in mapping)
 
@@ -117,7 +126,8 @@ def swa_evictable_size(s: State) -> int:
 def swa_admission_short(s: State, need: int) -> bool:
     """The admission budget on the SWA side (`PrefillAdder`'s SWA tokens): available
     plus what evicting unlocked nodes would return."""
-    return swa_on(s) and need > swa_available_size(s) + swa_evictable_size(s)
+    return swa_on(s) and need > swa_available_size(s) and \
+        need > swa_available_size(s) + swa_evictable_size(s)
 
 
 def map_swa_pages(s: State, full_pages) -> None:
@@ -213,10 +223,65 @@ def decode_batch_done(req: Req) -> None:
 
 def note_swa_lock(s: State, req: Req) -> None:
     """`_req_inc_lock_ref` under SWA: `swa_uuid_for_lock` names the lock boundary the
-    inc took (the locked radix node; None for the root and a virtual node)."""
-    if swa_on(s):
-        a = req.last_node
-        req.swa_uuid_for_lock = a if a and a[0] == "node" and a[1] != 0 else None
+    inc took. Wrapper era (`SWARadixCache.inc_lock_ref`): the node where the SWA lock,
+    walking up from the locked node, first covers `sliding_window_size` tokens (None when
+    it reaches the root first, or for the root and a virtual node). Borrow era: the
+    locked radix node."""
+    if not swa_on(s):
+        return
+    a = req.last_node
+    nid = a[1] if a and a[0] == "node" and a[1] != 0 else None
+    if s.cfg.era != "borrow" and nid is not None:
+        nid = swa_window_node(s, nid)
+    req.swa_uuid_for_lock = None if nid is None else ("node", nid)
+
+
+def swa_window_node(s: State, nid: int):
+    """The first node up from nid (inclusive) at which the keys walked cover the window;
+    None when the root comes first."""
+    size = 0
+    while nid != 0:
+        n = dict.__getitem__(s.nodes, nid)
+        size += len(n.key)
+        if size >= s.cfg.swa_window:
+            return nid
+        nid = n.parent
+    return None
+
+
+def move_swa_uuid(s: State, lower: int, upper: int) -> None:
+    """`_split_node`: the new upper half inherits the lower one's `swa_uuid` (wrapper era),
+    so every holder whose SWA lock ended at the split node now ends at the upper half."""
+    if not swa_on(s) or s.cfg.era == "borrow":
+        return
+    old = ("node", lower)
+    for m in (s.reqs, s.slots):
+        for k, h in list(dict.items(m)):
+            if h.swa_uuid_for_lock == old:
+                m[k].swa_uuid_for_lock = ("node", upper)
+
+
+def swa_locked_nodes(s: State) -> set:
+    """Nodes with `swa_lock_ref > 0` (wrapper era): each tree lock holder (a locked
+    request, a slot's first-turn node) SWA-locks from its node up to its
+    `swa_uuid_for_lock` node inclusive, or to the root when that is None."""
+    out = set()
+    holders = [(r.last_node, r.swa_uuid_for_lock) for r in dict.values(s.reqs) if r.locked]
+    holders += [(t.last_node, t.swa_uuid_for_lock) for t in dict.values(s.slots)]
+    for a, stop in holders:
+        nid = a[1] if a and a[0] == "node" else 0
+        while nid != 0:
+            out.add(nid)
+            if stop == ("node", nid):
+                break
+            nid = dict.__getitem__(s.nodes, nid).parent
+    return out
+
+
+def swa_tombstoned(s: State, node) -> bool:
+    """A node whose SWA KV is freed (upstream's per-node `swa_tombstone`): its pages map
+    to no SWA page."""
+    return bool(node.pages) and all(p not in s.full_to_swa_index_mapping for p in node.pages)
 
 
 def clamp_swa_evicted(holder, n: int) -> None:
@@ -252,6 +317,28 @@ def swa_match_len(s: State, pages) -> int:
         else:
             since = None if since is None else since + P
     return len(pages) * P if since is None or since >= window else best
+
+
+def adopt_swa(s: State, node_pages, incoming) -> None:
+    """`_recover_tombstone_keeping_locked_full`: each tree page takes the SWA page of the
+    request's page at the same position (the request's entry becomes 0)."""
+    m = s.full_to_swa_index_mapping
+    for p, q in zip(node_pages, incoming):
+        w = m.pop(q, 0)
+        if w:
+            m[p] = w
+
+
+def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -> int:
+    """Wrapper era `SWARadixCache._insert_helper` (0.5.15 l.1205-1236): of the new suffix
+    `[start, end)` of an insert, `[start, swa_evicted_seqlen)` (whose SWA KV the window
+    freed) becomes a tombstone node of its own above the live leaf. Returns the cut:
+    start when nothing is tombstoned; end when all of it is (upstream then frees the
+    suffix and adds no node: a leaf is never a tombstone). The borrow era and a non-SWA
+    run: start."""
+    if not swa_on(s) or s.cfg.era == "borrow":
+        return start
+    return min(max(start, swa_evicted_seqlen), end)
 
 
 def swa_held_tokens(s: State, holder) -> int:

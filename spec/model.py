@@ -153,6 +153,9 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     child.pages = child.pages[split // P:]
     child.parent = new.id
     new.children[_page_key(s, child.key, 0)] = child_id
+    hybrid.move_swa_uuid(s, child_id, new.id)
+    if hybrid.swa_tree_on(s):   # SWARadixCache: the lower half is re-stamped, after the upper
+        child.tick = _creation_tick(s)
     return new.id
 
 
@@ -167,7 +170,7 @@ def _creation_tick(s: State) -> int:
     return s.tick
 
 
-def _walk(s: State, key: tuple) -> tuple[int, int, list]:
+def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     """The walk `match_prefix` and `insert` share: one access tick for the call, every
     node on the path stamped with it (before a split too, so the lower half carries it), a
     node the key ends inside split (the new upper half: `_creation_tick`). Returns (last
@@ -180,7 +183,8 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
         if cid is None:
             break
         child = s.nodes[cid]
-        child.tick = access
+        if stamp:
+            child.tick = access
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -191,29 +195,67 @@ def _walk(s: State, key: tuple) -> tuple[int, int, list]:
     return nid, i, pages
 
 
-def match_prefix(s: State, key: tuple) -> tuple[int, list]:
+def match_prefix(s: State, key: tuple, stamp: bool = True) -> tuple[int, list]:
     """`RadixCache.match_prefix`: page-aligned key; splits a node the match ends inside;
-    returns (last node id, matched page ids). Takes no lock. A disabled tree matches
-    nothing (`_match_tree`: `empty_match_result`)."""
+    returns (last node id, matched page ids). Takes no lock. `stamp=False`: the walk
+    splits but touches no access time. A disabled tree matches nothing (`_match_tree`:
+    `empty_match_result`)."""
     if s.cfg.disable_radix_cache:
         return ROOT, []
-    nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)])
+    nid, _, pages = _walk(s, key[:floor_align(len(key), s.cfg.page_size)], stamp)
     return nid, pages
 
 
-def insert(s: State, key: tuple, pages: list) -> int:
+def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
+           prev_prefix_len: int = 0) -> int:
     """`RadixCache.insert`: returns how much already existed; the new suffix becomes a
-    fresh leaf (evictable). The caller frees its duplicates of the existing part."""
+    fresh leaf (evictable). The caller frees its duplicates of the existing part. Under
+    SWA (wrapper era) the suffix's part below `swa_evicted_seqlen` is a node of its own
+    (`hybrid.swa_tombstone_cut`)."""
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
-    if i < len(key):
-        leaf = Node(s.next_node_id, key[i:], tuple(pages[i // P:len(key) // P]), nid, {}, 0,
-                    _creation_tick(s), path=tuple(key))
-        s.next_node_id += 1
-        s.nodes[leaf.id] = leaf
-        s.nodes[nid].children[_page_key(s, leaf.key, 0)] = leaf.id
-        s.evictable_size += len(leaf.key)
+    if hybrid.swa_tree_on(s):
+        _recover_tombstones(s, key, pages, i, prev_prefix_len, swa_evicted_seqlen)
+    cut = hybrid.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
+    if i < cut == len(key):
+        _free_pages(s, pages[i // P:len(key) // P])     # no all-tombstone leaf
+        return i
+    for lo, hi in ((i, cut), (cut, len(key))):
+        if lo < hi:
+            nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
     return i
+
+
+def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
+                        swa_evicted_seqlen: int) -> None:
+    """Wrapper era `SWARadixCache._insert_helper` (0.5.15 l.1125-1188): a tombstoned node
+    the insert walks through that ends past `prev_prefix_len` takes the request's SWA KV
+    for its part at or past `swa_evicted_seqlen` (split there when it starts below it).
+    Upstream keeps whichever full pages (the node's when locked, else the request's) and
+    frees the others; the spec keeps the node's and moves the request's SWA page onto them
+    (`hybrid.adopt_swa`), the caller freeing the request's: the same state up to page
+    renaming."""
+    P, nid, start = s.cfg.page_size, ROOT, 0
+    while start < end:
+        nid = dict.__getitem__(s.nodes, nid).children[_page_key(s, key, start)]
+        n = dict.__getitem__(s.nodes, nid)
+        stop = start + len(n.key)
+        if stop > after and hybrid.swa_tombstoned(s, n) and swa_evicted_seqlen < stop:
+            lo = max(start, swa_evicted_seqlen)
+            if lo > start:
+                _split_node(s, nid, lo - start)
+            hybrid.adopt_swa(s, s.nodes[nid].pages, pages[lo // P:stop // P])
+        start = stop
+
+
+def _add_node(s: State, parent: int, path: tuple, start: int, pages: tuple) -> int:
+    """`_add_new_node`: a fresh unlocked node for path[start:] under parent."""
+    n = Node(s.next_node_id, path[start:], pages, parent, {}, 0, _creation_tick(s), path=path)
+    s.next_node_id += 1
+    s.nodes[n.id] = n
+    s.nodes[parent].children[_page_key(s, n.key, 0)] = n.id
+    s.evictable_size += len(n.key)
+    return n.id
 
 
 def inc_lock_ref(s: State, anchor) -> None:
@@ -251,19 +293,64 @@ def evictable_leaves(s: State) -> list:
 
 def evict(s: State, num_tokens: int) -> int:
     """`RadixCache.evict`: unlocked childless leaves in (tick, path) order."""
-    evicted = 0
+    return _evict_full(s, num_tokens)[0]
+
+
+def _evict_full(s: State, num_tokens: int) -> tuple:
+    """`evict`'s leaf loop; returns (full tokens, SWA tokens) evicted. Under SWA (wrapper
+    era, `SWARadixCache.evict`) a tombstoned parent left childless and unlocked goes with
+    the leaf (`_iteratively_delete_tombstone_leaf`), counted as full tokens only."""
+    evicted = swa = 0
     while evicted < num_tokens:
         leaves = evictable_leaves(s)
         if not leaves:
             break
         leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
-        _free_pages(s, leaf.pages)
+        swa += 0 if hybrid.swa_tombstoned(s, leaf) else len(leaf.key)
+        evicted += _delete_node(s, leaf)
         parent = s.nodes[leaf.parent]
-        del parent.children[_page_key(s, leaf.key, 0)]
-        del s.nodes[leaf.id]
-        s.evictable_size -= len(leaf.key)
-        evicted += len(leaf.key)
-    return evicted
+        while hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and \
+                parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent):
+            evicted += _delete_node(s, parent)
+            parent = s.nodes[parent.parent]
+    return evicted, swa
+
+
+def _delete_node(s: State, leaf: Node) -> int:
+    """`_delete_leaf`: an unlocked childless node's pages go back; it leaves the tree."""
+    _free_pages(s, leaf.pages)
+    parent = s.nodes[leaf.parent]
+    del parent.children[_page_key(s, leaf.key, 0)]
+    del s.nodes[leaf.id]
+    s.evictable_size -= len(leaf.key)
+    return len(leaf.key)
+
+
+def _evict_swa(s: State, num_tokens: int) -> None:
+    """`SWARadixCache.evict`'s SWA loop (wrapper era): over every node not tombstoned and
+    not SWA-locked, least recent first ((tick, path): a parent before its child), an
+    internal node or a full-locked leaf is tombstoned (`free_swa`: its SWA KV goes, its
+    full KV stays), an unlocked leaf is deleted, with the tombstoned parents it leaves
+    childless."""
+    evicted = 0
+    while evicted < num_tokens:
+        locked = hybrid.swa_locked_nodes(s)
+        cands = [n for n in dict.values(s.nodes) if n.id != ROOT and n.id not in locked
+                 and not hybrid.swa_tombstoned(s, n)]
+        if not cands:
+            return
+        x = min(cands, key=lambda n: (n.tick, node_path(s, n.id)))
+        evicted += len(x.key)
+        if x.children or x.lock_ref > 0:
+            hybrid.free_swa(s, x.pages)
+            continue
+        x = s.nodes[x.id]
+        _delete_node(s, x)
+        parent = s.nodes[x.parent]
+        while parent.id != ROOT and not parent.children and parent.lock_ref == 0 and \
+                hybrid.swa_tombstoned(s, parent):
+            _delete_node(s, parent)
+            parent = s.nodes[parent.parent]
 
 
 def evict_from_tree_cache(s: State, n: int) -> None:
@@ -273,10 +360,18 @@ def evict_from_tree_cache(s: State, n: int) -> None:
         if available_size(s) < n:
             evict(s, n - available_size(s))
         return
+    if hybrid.swa_tree_on(s):
+        # 0.5.15 `common.py` l.297-316 with an SWATokenToKVPoolAllocator: each pool's
+        # shortfall, `EvictParams(num_tokens=n - full_available, swa_num_tokens=n -
+        # swa_available)`; the leaves the full loop evicts count on the SWA side too
+        full_short = max(0, n - len(s.free_pages) * s.cfg.page_size)
+        swa_short = max(0, n - hybrid.swa_available_size(s))
+        if full_short or swa_short:
+            _, swa = _evict_full(s, full_short)
+            _evict_swa(s, swa_short - swa)
+        return
     if available_size(s) < n:
         evict(s, n)
-    while hybrid.swa_short(s, n) and evict(s, 1):
-        pass                            # SWA: leaves go until the SWA pool has n too
 
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
@@ -289,7 +384,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     row = s.rows[req.row]
     keys_len = floor_align(req.committed, P)
     key = req.fill_ids[:keys_len]
-    new_prefix_len = insert(s, key, row[:keys_len // P])
+    new_prefix_len = insert(s, key, row[:keys_len // P], prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     if s.cfg.era == "borrow":
@@ -323,7 +418,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     req.committed_freed = True                      # pop_committed_kv_cache
     keys_len = floor_align(committed, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
-        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P])
+        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
+                                req.swa_evicted_seqlen, req.protected)
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
         if s.cfg.era == "borrow":
@@ -629,9 +725,12 @@ def _match(s: State, req: Req) -> int:
         req.protected = slot.protected
         req.prefix_len = prefix_len
         return prefix_len
-    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)])
+    swa_tree = hybrid.swa_tree_on(s)
+    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
-    if usable < len(pages) * s.cfg.page_size:
+    if usable < len(pages) * s.cfg.page_size or swa_tree:
+        # SWARadixCache `_match_post_processor`: only the usable node and its parents
+        # are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill_ids[:usable])
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
@@ -650,14 +749,15 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     if not admit:
         return "rejected"
     inc_lock_ref(s, req.last_node)
+    was_locked, req.locked = req.locked, True   # the budget is read under the lock
+    hybrid.note_swa_lock(s, req)                # (its SWA part too: `_lock_node`)
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
     if (req.row is None and not s.free_rows) or hybrid.mamba_short(s, req) or \
             _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size or \
             hybrid.swa_admission_short(s, _new_tokens_needed(s, prefix, end)):
         dec_lock_ref(s, req.last_node)
+        req.locked = was_locked
         return "rejected"
-    req.locked = True
-    hybrid.note_swa_lock(s, req)
     if s.cfg.era == "borrow" and req.last_node == ("virtual", req.session):
         req.locked = False              # cache.lock(virtual node) is None: nothing held
     req.is_retracted = False
@@ -819,6 +919,9 @@ def _lookahead(s: State, req: Req) -> None:
         if not _alloc_decode(s, req.row, pos):
             return                      # memory short: the step was not prepared
         req.allocated = pos + 1
+        if hybrid.swa_tree_on(s):       # a prepared decode batch: `maybe_evict_swa` too
+            hybrid.free_swa_out_of_window_slots(s, req)
+            hybrid.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
     req.committed = pos + 1
 

@@ -425,6 +425,7 @@ def test_wire_roundtrip_keeps_hybrid_fields():
 
 def test_sglang_adapter_refuses_what_it_does_not_drive():
     from adapters.sglang.hybrid import refusal
-    assert "config.swa_window" in refusal(SWA_P1, "flat")
+    assert "config.swa_window" in refusal(SWA_P1, "borrow")
+    assert refusal(SWA_P1, "flat") is None          # 0.5.15: adapters/sglang/swa_tree.py
     assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
     assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None

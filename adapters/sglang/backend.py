@@ -41,7 +41,7 @@ from spec.model import resolve_logprob_start
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
 
-from adapters.sglang import hybrid, shim
+from adapters.sglang import hybrid, shim, swa_tree
 
 VOCAB = 32000
 SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
@@ -205,7 +205,9 @@ class SglangBackend:
                                        device="cpu", enable_memory_saver=False)
         size = cfg.num_pages * P
         # kvcache=None: the allocators only keep the handle; no KV tensor is computed.
-        if P == 1:   # what production uses for page_size 1
+        if cfg.swa_window:      # the real SWA allocator and tree (adapters/sglang/swa_tree.py)
+            self.alloc = hybrid.swa_allocator(cfg)
+        elif P == 1:   # what production uses for page_size 1
             self.alloc = TokenToKVPoolAllocator(size=size, dtype=torch.bfloat16,
                                                 device="cpu", kvcache=None, need_sort=False)
         else:
@@ -217,7 +219,10 @@ class SglangBackend:
         # the row-conservation invariant counts 0..num_rows-1).
         self.row_base = min(int(r) for r in self.pool.free_slots)
         self._observe_free()
-        if self.api == "flat":
+        if self.api == "flat" and cfg.swa_window:
+            self.cache, self.tree = swa_tree.build(cfg, self.pool, self.alloc)
+            self.sess_obj = self.cache
+        elif self.api == "flat":
             from sglang.srt.mem_cache.radix_cache import RadixCache
             from sglang.srt.session.streaming_session import StreamingSession
             params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
@@ -238,8 +243,10 @@ class SglangBackend:
         self.model_config = types.SimpleNamespace(vocab_size=VOCAB, is_encoder_decoder=False)
 
     def _observe_free(self) -> None:
-        """Clear the shadow content of every page upstream's allocator frees."""
-        real_free = self.alloc.free
+        """Clear the shadow content of every page upstream's allocator frees (the full
+        side's allocator under SWA: the tree's tombstone recovery frees through it)."""
+        full = swa_tree.full_allocator(self.alloc)
+        real_free = full.free
         P = self.P
         shadow = self.shadow
 
@@ -250,7 +257,7 @@ class SglangBackend:
                         shadow.pop(page * P + o, None)
             return real_free(free_index)
 
-        self.alloc.free = free
+        full.free = free
         real_free_page_ids = getattr(self.alloc, "free_page_ids", None)
         if real_free_page_ids is None:
             return
@@ -402,7 +409,8 @@ class SglangBackend:
         no_row = self._row(req) is None and self.pool.available_size() == 0
         need = pages_needed_extend(prefix, end, self.P) * self.P
         if no_row or hybrid.mamba_short(self.pool, req) or \
-                need > self.alloc.available_size() + self.cache.evictable_size():
+                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0] or \
+                (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)):
             self._unlock(L)
             return "rejected"
         self._extend(L, prefix, end)
@@ -462,6 +470,7 @@ class SglangBackend:
                 return "oom"
             self._alloc_range(req, allocated, need)
             self._set_lens(req, allocated=need)
+        self._swa_decode_step(L)
         req.output_ids.extend([op.token] * (op.accepted + 1))
         self._set_lens(req, committed=committed + op.accepted + 1)
         self._write_shadow(req, committed, committed + op.accepted + 1)
@@ -554,14 +563,20 @@ class SglangBackend:
     def _lock(self, L) -> None:
         req = L.req
         if self.api == "flat":
-            self.cache.inc_lock_ref(req.last_node)
+            result = self.cache.inc_lock_ref(req.last_node)
+            if self.cfg.swa_window:     # PrefillAdder._req_inc_lock_ref (is_hybrid_swa)
+                req.swa_uuid_for_lock = result.swa_uuid_for_lock
         else:
             req.lock = self.cache.lock(req.last_node)
         L.locked = True
 
     def _unlock(self, L) -> None:
         req = L.req
-        if self.api == "flat":
+        if self.api == "flat" and self.cfg.swa_window:
+            from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
+            self.cache.dec_lock_ref(req.last_node,
+                                    DecLockRefParams(swa_uuid_for_lock=req.swa_uuid_for_lock))
+        elif self.api == "flat":
             self.cache.dec_lock_ref(req.last_node)
         else:
             lock = req.lock
@@ -666,7 +681,27 @@ class SglangBackend:
 
     def _prepare_for_decode(self, L) -> None:
         self._sync_batch(L)
+        self._stamp_forward_iter(L)
         L.batch.prepare_for_decode()
+
+    def _stamp_forward_iter(self, L) -> None:
+        """The scheduler's forward counter on the batch (`maybe_evict_swa`'s maintenance
+        step, `forward_iter % SGLANG_SWA_EVICTION_INTERVAL`): one per decode step."""
+        self.forward_iter = getattr(self, "forward_iter", -1) + 1
+        L.batch.forward_iter = self.forward_iter
+
+    def _swa_decode_step(self, L) -> None:
+        """The emulated speculative step's share of prepare_for_decode under SWA:
+        upstream's `ScheduleBatch.maybe_evict_swa` in decode mode, then
+        `decode_batch_idx += 1`."""
+        if not self.cfg.swa_window:
+            return
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        self._sync_batch(L)
+        self._stamp_forward_iter(L)
+        L.batch.forward_mode = ForwardMode.DECODE
+        L.batch.maybe_evict_swa()
+        L.req.decode_batch_idx += 1
 
     def _alloc_range(self, req, start: int, end: int) -> None:
         """Allocate row positions [start, end) with upstream's helpers (alloc_token_slots
@@ -730,11 +765,12 @@ class SglangBackend:
 
     def _free_page_census(self) -> list:
         import torch
-        if hasattr(self.alloc, "get_all_free_pages"):
-            t = self.alloc.get_all_free_pages()
+        alloc = swa_tree.full_allocator(self.alloc)
+        if hasattr(alloc, "get_all_free_pages"):
+            t = alloc.get_all_free_pages()
         else:
-            parts = [self.alloc.free_pages]
-            rel = getattr(self.alloc, "release_pages", None)
+            parts = [alloc.free_pages]
+            rel = getattr(alloc, "release_pages", None)
             if rel is not None and len(rel):
                 parts.append(rel)
             t = torch.cat(parts)
@@ -759,7 +795,7 @@ class SglangBackend:
 
     def _node_lock_ref(self, node) -> int:
         if self.api == "flat":
-            return int(node.lock_ref)
+            return swa_tree.lock_ref(node) if self.cfg.swa_window else int(node.lock_ref)
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
         return int(node.component(ComponentType.FULL).lock_ref)
 
@@ -794,6 +830,8 @@ class SglangBackend:
         heaps `(session_ref_eviction_strategy(n), n)` over the tree core's
         `evictable_device_leaves` (LRU: the `last_access_time` counter; with session radix
         caching, session-referenced nodes last)."""
+        if self.api == "flat" and self.cfg.swa_window:
+            return swa_tree.eviction_order(self.tree)
         if self.api == "flat":
             return list(self.tree.evictable_leaves), self.tree.eviction_strategy.get_priority
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -884,7 +922,8 @@ class SglangBackend:
                 to_finish=req.to_finish is not None, is_retracted=bool(req.is_retracted),
                 committed_freed=bool(self._flag(req, "kv_committed_freed")),
                 overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
-                row_pages=self._row_pages(row, allocated), mamba=hybrid.mamba_refs(req)))
+                row_pages=self._row_pages(row, allocated), mamba=hybrid.mamba_refs(req),
+                **self._swa_fields(req)))
         slots = []
         for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):
             row, committed, allocated, protected, last_node = self._slot_kv(slot)
@@ -892,7 +931,8 @@ class SglangBackend:
                                   allocated=allocated, protected=protected,
                                   last_node=self._anchor(last_node, paths, int(sid)),
                                   row_pages=self._row_pages(row, allocated),
-                                  mamba=hybrid.mamba_refs(slot)))
+                                  mamba=hybrid.mamba_refs(slot),
+                                  **self._swa_fields(slot, paths)))
         P = self.P
 
         def read(page, offset):
@@ -904,10 +944,26 @@ class SglangBackend:
             free_rows=tuple(sorted(self._arow(int(r)) for r in self.pool.free_slots)),
             nodes=tuple(nodes), reqs=tuple(reqs), slots=tuple(slots),
             sessions=tuple(self._session_views()),
-            evictable_size=int(self.cache.evictable_size()),
-            protected_size=int(self.cache.protected_size()),
+            evictable_size=swa_tree.tree_sizes(self.cache)[0],
+            protected_size=swa_tree.tree_sizes(self.cache)[1],
             content=build_content(P, nodes, reqs, slots, read),
-            **hybrid.hybrid_view(cfg, self.pool))
+            **self._hybrid_view())
+
+    def _hybrid_view(self) -> dict:
+        out = hybrid.hybrid_view(self.cfg, self.pool)
+        if self.cfg.swa_window:
+            out.update(swa_tree.swa_view(self.cfg, self.alloc), mamba_slots=self.cfg.mamba_slots)
+        return out
+
+    def _swa_fields(self, holder, paths=None) -> dict:
+        """A holder's SWA cursor and (a slot, `paths` given) its SWA lock boundary."""
+        if not self.cfg.swa_window:
+            return {}
+        out = swa_tree.swa_fields(holder)
+        if paths is not None:
+            node = swa_tree.uuid_node(self.tree, getattr(holder, "swa_uuid_for_lock", None))
+            out["swa_uuid_for_lock"] = None if node is None else self._anchor(node, paths, None)
+        return out
 
     def _locked(self, L) -> bool:
         """Whether the request itself holds a tree lock. 0.5.15: the glue's record of
@@ -941,8 +997,10 @@ class SglangBackend:
         values = dict(
             tree_cache=self.cache, token_to_kv_pool_allocator=self.alloc,
             req_to_token_pool=self.pool, session_controller=self.ctrl,
-            hisparse_coordinator=None, is_hybrid_swa=False, is_hybrid_ssm=False,
-            enable_hisparse=False, full_tokens_per_layer=None, swa_tokens_per_layer=None,
+            hisparse_coordinator=None, is_hybrid_swa=bool(self.cfg.swa_window),
+            is_hybrid_ssm=False, enable_hisparse=False,
+            full_tokens_per_layer=self.cfg.num_pages * self.P if self.cfg.swa_window else None,
+            swa_tokens_per_layer=self.cfg.swa_pages * self.P if self.cfg.swa_window else None,
             max_total_num_tokens=self.cfg.num_pages * self.P, page_size=self.P,
             disaggregation_mode=DisaggregationMode.NULL,
             get_last_batch=self._running_batch, get_running_batch=lambda: None,
@@ -971,8 +1029,11 @@ class SglangBackend:
         evictable + protected + session_held + the running requests' uncached tokens
         (`_get_total_uncached_sizes`) == total. L1 (busy)."""
         observer, checker = self._invariant_checker()
-        full_uncached, _ = checker._get_total_uncached_sizes()
-        leak, msg = checker._check_full_pool(observer.get_pool_stats(), uncached=full_uncached)
+        full_uncached, swa_uncached = checker._get_total_uncached_sizes()
+        stats = observer.get_pool_stats()
+        leak, msg = checker._check_full_pool(stats, uncached=full_uncached)
+        if not leak and self.cfg.swa_window:
+            leak, msg = checker._check_swa_pool(stats, uncached=swa_uncached)
         return [Violation("L1", "upstream pool accounting (busy)", msg, owner="allocator")] \
             if leak else []
 
@@ -1062,4 +1123,6 @@ class SglangBackend:
             if row in free_rows:
                 out.append(Violation("C5", "row both free and held",
                                      f"row {row} is in free_slots", owner=who))
+        if self.cfg.swa_window and self.api == "flat":
+            out += swa_tree.tree_violations(self.cfg, self.tree, self.alloc)
         return out + self.upstream_leak_violations()

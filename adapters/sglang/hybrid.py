@@ -10,22 +10,14 @@ given (`size`, `replayssm_write_pos = None`: no ReplaySSM). The pool object is a
 `HybridReqToTokenPool` whose `__init__` (which would build `MambaPool`) is replaced by
 `ReqToTokenPool.__init__` plus the attributes `_init_mamba_pool` sets.
 
-SWA (issue 15): the allocator is not what keeps SWA off real sglang. The real
-`SWATokenToKVPoolAllocator` constructs and runs (alloc, alloc_extend, alloc_decode,
-free, free_swa) on the CPU in 0.5.15 and 0.5.23 over a real one-head `SWAKVPool`
-(`swa_allocator`; tests/test_sglang_adapter.py runs it), with no stand-in and no
-stand-in call to count. What is not driven (refused with one line) is the tree that
-production pairs with it (`mem_cache/registry.py` `default_radix_cache_factory`:
-`SWARadixCache` in 0.5.15, wrapped by `StreamingSession`; `UnifiedRadixCache` with an
-SWA component in 0.5.23), because the spec does not model it yet: per-node SWA
-tombstones and a second (SWA) LRU and lock count (`full_lock_ref`/`swa_lock_ref`);
-`evictable_size()`/`protected_size()` raise NotImplementedError there (split into
-full_/swa_); `swa_uuid_for_lock` is the node where the SWA lock reached the window
-(`inc_lock_ref` l.670), not the locked node the spec records; and 0.5.15's
-`evict_from_tree_cache` (`common.py` l.297-316) evicts each pool's shortfall
-(`EvictParams(num_tokens=n - full_available, swa_num_tokens=n - swa_available)`),
-while the spec's wrapper-era rule evicts n full tokens then leaves until the SWA pool
-has n. Any of those would read as a divergence on the first eviction or restore.
+SWA (issue 15): the real `SWATokenToKVPoolAllocator` constructs and runs on the CPU in
+0.5.15 and 0.5.23 over a real one-head `SWAKVPool` (`swa_allocator`), with no stand-in.
+0.5.15 (wrapper era): the tree production pairs with it, `SWARadixCache` wrapped by
+`StreamingSession`, is driven too (adapters/sglang/swa_tree.py). 0.5.23 (borrow era):
+`UnifiedRadixCache`'s SWA component is not driven (refused with one line): its
+`swa_evict_floor`/`component_evicted_seqlens` records and its tree component have no
+read-back here yet (docs/semantics.md, "SWA on the real releases").
+
 Mamba on 0.5.23 (borrow era; issue 15 item 4): driven with the radix cache disabled
 (`config.disable_radix_cache`, `--disable-radix-cache`: `UnifiedRadixCache` with FULL +
 MAMBA components and `disable` set), the one production pairing whose tree keeps no Mamba
@@ -95,11 +87,10 @@ import types
 
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
-    if cfg.swa_window:
-        return ("config.swa_window: the sglang adapter drives no SWA tree (0.5.15 "
-                "SWARadixCache, 0.5.23 UnifiedRadixCache's SWA component; the allocator "
-                "itself runs on the CPU: adapters/sglang/hybrid.py); use swa_window=0 with "
-                "--backend sglang")
+    if cfg.swa_window and api != "flat":
+        return ("config.swa_window: the sglang adapter drives the SWA tree on the wrapper era "
+                "(0.5.15 SWARadixCache) only, not 0.5.23's UnifiedRadixCache SWA component; "
+                "use swa_window=0 with a borrow-era release")
     if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
                 "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "
@@ -113,8 +104,8 @@ def swa_allocator(cfg):
     releases: one SWA layer and one full layer of one head of dimension 1 (a few bytes
     per token; no bookkeeping path reads the KV values; `register_mapping` is all the
     allocator asks of the pool). Nothing is stood in and nothing needs CUDA (P > 1 runs
-    the Triton kernels under TRITON_INTERPRET, as the plain paged allocator does). Not
-    yet wired into the backend: the tree side is the boundary (module docstring)."""
+    the Triton kernels under TRITON_INTERPRET, as the plain paged allocator does). The
+    backend builds it for an SWA config on 0.5.15 (adapters/sglang/swa_tree.py)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
