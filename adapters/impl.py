@@ -38,6 +38,7 @@ class ImplBackend:
             spec_enabled=cfg.spec_enabled, overlap=cfg.overlap, era=cfg.era, device=device,
             swa_window=cfg.swa_window, swa_num_pages=cfg.swa_num_pages,
             swa_eviction_interval=cfg.swa_eviction_interval, mamba_slots=cfg.mamba_slots,
+            prefill_aware_swa=cfg.prefill_aware_swa,
             mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
             disable_radix_cache=cfg.disable_radix_cache,
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
@@ -143,7 +144,8 @@ class ImplBackend:
                 locked=r.lock_held, to_finish=r.to_finish is not None, is_retracted=r.is_retracted,
                 committed_freed=r.kv_committed_freed, overallocated_freed=r.kv_overallocated_freed,
                 row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows),
-                swa_evicted_seqlen=r.swa_evicted_seqlen, mamba=mamba_refs(r)))
+                swa_evicted_seqlen=r.swa_evicted_seqlen, swa_evict_floor=r.swa_evict_floor,
+                mamba=mamba_refs(r)))
         slots = []
         for sid in sorted(s.tree_cache.slots):
             t = s.tree_cache.slots[sid]
@@ -151,7 +153,8 @@ class ImplBackend:
                                   allocated=t.kv_allocated_len, protected=t.cache_protected_len,
                                   last_node=self._anchor(t.last_node),
                                   row_pages=self._row_pages(t.req_pool_idx, t.kv_allocated_len, rows),
-                                  swa_evicted_seqlen=t.swa_evicted_seqlen, mamba=mamba_refs(t),
+                                  swa_evicted_seqlen=t.swa_evicted_seqlen,
+                                  swa_evict_floor=t.swa_evict_floor, mamba=mamba_refs(t),
                                   swa_uuid_for_lock=self._anchor(t.swa_uuid_for_lock)))
         sessions = []
         for sid in sorted(s.session_controller.sessions):

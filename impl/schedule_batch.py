@@ -40,6 +40,7 @@ class Req:
         self.logprob_start_len = -1            # as handle_generate_request resolved it
         # hybrid models (impl/swa.py, impl/mamba.py)
         self.swa_evicted_seqlen = 0
+        self.swa_evict_floor = 0               # prefill-aware SWA (impl/swa.py); kept on retract
         self.swa_uuid_for_lock = None
         self.decode_batch_idx = 0
         self.mamba_pool_idx: Optional[torch.Tensor] = None

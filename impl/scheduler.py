@@ -22,7 +22,7 @@ from impl.session_controller import SessionController
 from impl.mamba import HybridReqToTokenPool
 from impl.streaming_session import StreamingSession
 from impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
-                      swa_eviction_due, swa_lock_boundary)
+                      set_swa_evict_floor, swa_eviction_due, swa_lock_boundary)
 
 ERAS = ("wrapper", "borrow")
 
@@ -52,7 +52,8 @@ class Scheduler:
                  device=None, need_sort: bool = True, debug_mode: Optional[bool] = None,
                  swa_window: int = 0, swa_num_pages: Optional[int] = None,
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
-                 mamba_extra_buffer: str = "off", disable_radix_cache: bool = False):
+                 mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
+                 prefill_aware_swa: bool = False):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -67,6 +68,7 @@ class Scheduler:
         self.max_total_num_tokens = num_pages * page_size
         self.swa_window = swa_window
         self.swa_eviction_interval = swa_eviction_interval
+        self.prefill_aware_swa = prefill_aware_swa
         self.forward_iter = 0
         if mamba_slots:
             self.req_to_token_pool = HybridReqToTokenPool(
@@ -218,6 +220,7 @@ class Scheduler:
         req.is_retracted = False
         if not common.alloc_for_extend(self, req, prefix_len, end):
             raise RuntimeError(f"req {rid}: alloc_for_extend failed after admission")
+        set_swa_evict_floor(self, req)
         if self.era == "borrow":
             self.tree_cache.take(req)
         req.phase = "prefill"
@@ -254,6 +257,7 @@ class Scheduler:
         req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
         if not common.alloc_for_extend(self, req, start, end):
             return "oom"
+        set_swa_evict_floor(self, req)
         if end >= input_len:
             self._prefill_done(req)
         return "ok"

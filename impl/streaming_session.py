@@ -37,6 +37,7 @@ class SessionSlot:
         # hybrid models
         self.swa_uuid_for_lock = None
         self.swa_evicted_seqlen = 0
+        self.swa_evict_floor = 0
         self.mamba_pool_idx = None
         self.mamba_ping_pong_track_buffer = None
 
@@ -49,6 +50,7 @@ class SessionSlot:
         self.kv_committed_len = req.kv_committed_len
         self.kv_allocated_len = req.kv_allocated_len
         self.swa_evicted_seqlen = req.swa_evicted_seqlen
+        self.swa_evict_floor = req.swa_evict_floor
         if is_first:
             self.last_node = req.last_node
             self.cache_protected_len = req.cache_protected_len
@@ -67,6 +69,7 @@ class SessionSlot:
         req.kv_allocated_len = self.kv_allocated_len
         if "restore_drops_swa_cursor" not in faults.ACTIVE:
             req.swa_evicted_seqlen = self.swa_evicted_seqlen
+        req.swa_evict_floor = self.swa_evict_floor
         req.swa_uuid_for_lock = self.swa_uuid_for_lock
         req.mamba_pool_idx = self.mamba_pool_idx
         req.mamba_ping_pong_track_buffer = self.mamba_ping_pong_track_buffer
@@ -230,6 +233,7 @@ class StreamingSession:
                            last_node=req.last_node if req.lock_held else None,
                            cache_protected_len=req.cache_protected_len)
         slot.publishes = True
+        slot.swa_evict_floor = req.swa_evict_floor      # one record: the floor too
         slot.mamba_pool_idx = req.mamba_pool_idx        # one record: the Mamba refs too
         slot.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
         self.slots[sid] = slot
@@ -249,6 +253,7 @@ class StreamingSession:
                 slot.kv_allocated_len = req.kv_allocated_len
                 slot.cache_protected_len = req.cache_protected_len
                 slot.swa_evicted_seqlen = req.swa_evicted_seqlen    # component_evicted_seqlens
+                slot.swa_evict_floor = req.swa_evict_floor
 
     def _checkpoint_borrow(self, req: Req, chunked: bool) -> bool:
         """Borrow era checkpoint_kv_cache for a streaming turn: while its slot publishes

@@ -156,11 +156,20 @@ def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int) -> b
     return req.seqlen - 1 - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
 
 
+def set_swa_evict_floor(sched, req) -> None:
+    """0.5.23 `Scheduler.get_new_batch_prefill`, after `prepare_for_extend`: under
+    `model_runner.prefill_aware_swa`, `req.kv.swa_evict_floor = req.extend_end`."""
+    if sched.prefill_aware_swa:
+        req.swa_evict_floor = req.extend_end
+
+
 def swa_dead_lo(req, page_size: int) -> int:
     """Borrow era `ReqKvInfo.swa_dead_lo`: max(cache_protected_len, swa_evict_floor),
-    page-aligned upward when above the protected prefix (swa_evict_floor is 0 here:
-    `prefill_aware_swa` off)."""
-    lo = max(req.cache_protected_len, getattr(req, "swa_evict_floor", 0))
+    page-aligned upward when above the protected prefix (the floor is 0 unless
+    `prefill_aware_swa`: `set_swa_evict_floor`)."""
+    if "swa_dead_lo_ignores_floor" in faults.ACTIVE:
+        return req.cache_protected_len
+    lo = max(req.cache_protected_len, req.swa_evict_floor)
     if page_size > 1 and lo > req.cache_protected_len:
         lo = -(-lo // page_size) * page_size
     return lo

@@ -16,7 +16,7 @@ included). A state invariant this module does not know (one added to spec/ since
 """
 from __future__ import annotations
 
-from spec.hybrid import mamba_refs
+from spec.hybrid import cursor_at_dead_lo, mamba_refs, swa_dead_lo
 from spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
@@ -268,14 +268,15 @@ def _swa_clean(s: State, tree, owners: dict, free_set: set, P: int) -> bool:
     held = 0
     for prot, alloc, rp, hs in owners.values():                         # I42, I43
         for h in hs:
-            if h.swa_evicted_seqlen > h.committed:
+            if h.swa_evicted_seqlen > h.committed and not cursor_at_dead_lo(h, P):
                 return False
         cursor = max(h.swa_evicted_seqlen for h in hs)
         committed = max(h.committed for h in hs)
+        dead_lo = swa_dead_lo(prot, max(h.swa_evict_floor for h in hs), P)
         for k in range(max(prot, cursor) // P, min(-(-committed // P), len(rp))):
             if rp[k] is not None and rp[k] not in mapping:
                 return False
-        held += -(-alloc // P) * P - max(prot, cursor)
+        held += -(-alloc // P) * P - prot - max(0, cursor - dead_lo)
     in_tree = sum(P for n in tree for p in n.pages if p in mapping)
     return len(swa_free) * P + in_tree + held == n_swa * P
 

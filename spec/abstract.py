@@ -53,6 +53,7 @@ class ReqView:
     overallocated_freed: bool
     row_pages: tuple = ()       # page id of each row-page [0, ceil(allocated / P)) (None: unset)
     swa_evicted_seqlen: int = 0     # hybrid: SWA KV of [protected, here) is freed
+    swa_evict_floor: int = 0        # hybrid: prefill-aware SWA's floor (swa_dead_lo)
     mamba: tuple = ()               # hybrid: mamba_pool_idx, then the ping-pong track buffer
 
 
@@ -66,6 +67,7 @@ class SlotView:
     last_node: Anchor
     row_pages: tuple = ()
     swa_evicted_seqlen: int = 0     # hybrid (see ReqView)
+    swa_evict_floor: int = 0
     mamba: tuple = ()
     swa_uuid_for_lock: Anchor = None    # the first turn's SWA lock boundary
 

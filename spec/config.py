@@ -34,7 +34,7 @@ assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 MambaExtraBuffer = Literal["off", "eager", "lazy"]
 HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
-                   "mamba_slots": 0, "mamba_extra_buffer": "off"}
+                   "mamba_slots": 0, "mamba_extra_buffer": "off", "prefill_aware_swa": False}
 """The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
 TREE_DEFAULTS = {"disable_radix_cache": False}
 """The tree's settings at their default: a trace omits them at these values."""
@@ -74,6 +74,10 @@ class Config:
     swa_eviction_interval: Annotated[int, Range(1, 1024)] = 1
     """`SGLANG_SWA_EVICTION_INTERVAL`: out-of-window SWA KV is freed in decode batches whose
     forward_iter is a multiple of it (upstream default 128)."""
+    prefill_aware_swa: bool = False
+    """0.5.23's `model_runner.prefill_aware_swa` (borrow era, SWA only): every prefill batch
+    sets `req.kv.swa_evict_floor = req.extend_end` (`Scheduler.get_new_batch_prefill`), and
+    window eviction never frees SWA KV below it (`ReqKvInfo.swa_dead_lo`)."""
     mamba_slots: Annotated[int, Range(0, MAX_ROWS * 4)] = 0
     """Hybrid SSM model: Mamba state slots (`MambaSlotAllocator` size; slot 0 is the
     reserved dummy); 0 = no Mamba layers."""
@@ -151,6 +155,9 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
     """Why the hybrid fields of cfg cannot run together, or None."""
     if not cfg.swa_window and cfg.swa_num_pages is not None:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
+    if cfg.prefill_aware_swa and not (cfg.swa_window and cfg.era == "borrow"):
+        return ("config.prefill_aware_swa needs config.swa_window >= 1 and era='borrow' "
+                "(0.5.15 has no prefill-aware SWA)")
     if not cfg.mamba_slots and cfg.mamba_extra_buffer != "off":
         return "config.mamba_extra_buffer needs config.mamba_slots >= 1 (0 = no Mamba pool)"
     if cfg.disable_radix_cache and cfg.era != "borrow":

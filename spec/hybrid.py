@@ -54,8 +54,8 @@ def swa_keep(window: int, p: int) -> int:
 def swa_dead_lo(protected: int, swa_evict_floor: int, p: int) -> int:
     """Borrow era `ReqKvInfo.swa_dead_lo`: the lowest SWA position a request may free
     itself, above the tree-owned prefix and the eviction shield `swa_evict_floor`
-    (page-aligned upward). kvcheck's floor is 0 (`prefill_aware_swa` off), so it is
-    cache_protected_len.
+    (page-aligned upward). The floor is 0 unless `Config.prefill_aware_swa`
+    (`set_swa_evict_floor`), so it is cache_protected_len there.
     pre: p >= 1
     pre: protected % p == 0
     post: __return__ >= protected
@@ -63,6 +63,21 @@ def swa_dead_lo(protected: int, swa_evict_floor: int, p: int) -> int:
     """
     lo = max(protected, swa_evict_floor)
     return ceil_align(lo, p) if p > 1 and lo > protected else lo
+
+
+def set_swa_evict_floor(s: State, req: Req) -> None:
+    """0.5.23 `Scheduler.get_new_batch_prefill`, after `prepare_for_extend`: under
+    prefill-aware SWA every request of a prefill batch (each chunk, a retried request, a
+    turn on its slot's record) gets `swa_evict_floor = extend_end`; nothing resets it."""
+    if s.cfg.prefill_aware_swa:
+        req.swa_evict_floor = req.extend_end
+
+
+def cursor_at_dead_lo(holder, p: int) -> bool:
+    """Prefill-aware SWA: a due eviction raises the cursor to `swa_dead_lo` (the floor,
+    page-aligned upward) even where that passes the committed KV, freeing nothing."""
+    return holder.swa_evict_floor > holder.protected and \
+        holder.swa_evicted_seqlen == swa_dead_lo(holder.protected, holder.swa_evict_floor, p)
 
 
 def swa_evict_due(cursor: int, pre_len: int, window: int, interval: int) -> bool:
@@ -183,7 +198,7 @@ def _free_swa_out_of_window_borrow(s: State, req: Req) -> None:
     if req.decode_batch_idx < 1 or not swa_evict_due(
             req.swa_evicted_seqlen, pre_len, window, s.cfg.swa_eviction_interval):
         return
-    evicted = max(req.swa_evicted_seqlen, swa_dead_lo(req.protected, 0, P))
+    evicted = max(req.swa_evicted_seqlen, swa_dead_lo(req.protected, req.swa_evict_floor, P))
     req.swa_evicted_seqlen = evicted
     new = swa_evict_target_borrow(evicted, pre_len, window, P)
     if new > evicted:
@@ -201,7 +216,7 @@ def swa_dead_pages(s: State, holder, start: int, end: int) -> set:
     if not swa_on(s) or s.cfg.era != "borrow":
         return set()
     P = s.cfg.page_size
-    lo = swa_dead_lo(holder.protected, 0, P)
+    lo = swa_dead_lo(holder.protected, holder.swa_evict_floor, P)
     hi = max(holder.swa_evicted_seqlen, lo)
     lo, hi = max(lo, start), min(hi, end)
     return set(row_pages(lo, hi, P)) if lo < hi else set()
@@ -213,7 +228,9 @@ def sync_borrowed(slot: Slot, req: Req, acting: bool) -> None:
     (The Mamba refs are shared from `take` on: `_take` gives the slot the turn's.)"""
     if acting:
         slot.swa_evicted_seqlen = req.swa_evicted_seqlen
+        slot.swa_evict_floor = req.swa_evict_floor
     req.swa_evicted_seqlen = slot.swa_evicted_seqlen
+    req.swa_evict_floor = slot.swa_evict_floor
 
 
 def decode_batch_done(req: Req) -> None:
@@ -342,10 +359,13 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
 
 
 def swa_held_tokens(s: State, holder) -> int:
-    """`session_held_swa_tokens` of one holder: `ceil_align(allocated) - max(protected,
-    swa_evicted_seqlen)`."""
+    """`session_held_swa_tokens` of one holder (0.5.23 `kv_private_swa_tokens`):
+    `ceil_align(allocated) - protected - max(0, swa_evicted_seqlen - swa_dead_lo)`, which
+    is `ceil_align(allocated) - max(protected, swa_evicted_seqlen)` with the floor 0."""
     P = s.cfg.page_size
-    return -(-holder.allocated // P) * P - max(holder.protected, holder.swa_evicted_seqlen)
+    lo = swa_dead_lo(holder.protected, holder.swa_evict_floor, P)
+    return (-(-holder.allocated // P) * P - holder.protected
+            - max(0, holder.swa_evicted_seqlen - lo))
 
 
 # ---------------------------------------------------------------------------
@@ -435,6 +455,7 @@ def free_mamba(s: State, holder) -> None:
 def save_swa_fields(slot: Slot, req: Req, is_first: bool) -> None:
     """`save_from_req`: the cursor always, the SWA lock boundary with the first turn."""
     slot.swa_evicted_seqlen = req.swa_evicted_seqlen
+    slot.swa_evict_floor = req.swa_evict_floor
     if is_first:
         slot.swa_uuid_for_lock = req.swa_uuid_for_lock
 
@@ -442,6 +463,7 @@ def save_swa_fields(slot: Slot, req: Req, is_first: bool) -> None:
 def restore_swa_fields(slot: Slot, req: Req) -> None:
     """`restore_to_req`."""
     req.swa_evicted_seqlen = slot.swa_evicted_seqlen
+    req.swa_evict_floor = slot.swa_evict_floor
     req.swa_uuid_for_lock = slot.swa_uuid_for_lock
 
 

@@ -14,6 +14,7 @@ from typing import Callable
 from spec import ops as O
 from spec.abstract import AbstractState
 from spec.config import Config
+from spec.hybrid import cursor_at_dead_lo, swa_dead_lo
 from spec.pages import ceil_align, ceil_div
 from spec.violations import Violation
 
@@ -473,10 +474,10 @@ def swa_window_cursor(s: AbstractState, cfg: Config):
         return []
     P, mapped, out = s.page_size, {f for f, _ in s.swa_map}, []
     for name, h in _holders(s):
-        if h.swa_evicted_seqlen > h.committed:
+        if h.swa_evicted_seqlen > h.committed and not cursor_at_dead_lo(h, P):
             out.append(_v(swa_window_cursor, f"swa_evicted_seqlen {h.swa_evicted_seqlen} > "
                           f"kv_committed_len {h.committed}", name))
-    for row, (names, prot, cursor, committed, pages) in sorted(_swa_rows(s).items(),
+    for row, (names, prot, cursor, committed, pages, _) in sorted(_swa_rows(s).items(),
                                                                 key=lambda x: repr(x[0])):
         for k in range(max(prot, cursor) // P, min(ceil_div(committed, P), len(pages))):
             if pages[k] is not None and pages[k] not in mapped:
@@ -488,14 +489,15 @@ def swa_window_cursor(s: AbstractState, cfg: Config):
 
 
 def _swa_rows(s: AbstractState) -> dict:
-    """row -> (owner names, protected, cursor, committed, row pages): a slot and the
-    request borrowing its row are one owner, the one further on (its cursor and committed
-    length, the longer row) speaks for both (the slot is stale while it is lent)."""
+    """row -> (owner names, protected, cursor, committed, row pages, swa_evict_floor): a
+    slot and the request borrowing its row are one owner, the one further on (its cursor
+    and committed length, the longer row) speaks for both (the slot is stale while it is
+    lent)."""
     out = {}
     for row, (names, prot, alloc, pages) in row_owners(s).items():
         hs = [h for _, h in _holders(s) if h.row == row]
         out[row] = (names, prot, max(h.swa_evicted_seqlen for h in hs),
-                    max(h.committed for h in hs), pages)
+                    max(h.committed for h in hs), pages, max(h.swa_evict_floor for h in hs))
     return out
 
 
@@ -506,8 +508,8 @@ def swa_accounting(s: AbstractState, cfg: Config):
     P, mapped = s.page_size, {f for f, _ in s.swa_map}
     tree = sum(P for n in s.nodes for p in n.pages if p in mapped)
     allocs = {row: alloc for row, (_, _, alloc, _) in row_owners(s).items()}
-    held = sum(ceil_align(allocs[row], P) - max(prot, cursor)
-               for row, (_, prot, cursor, _, _) in _swa_rows(s).items())
+    held = sum(ceil_align(allocs[row], P) - prot - max(0, cursor - swa_dead_lo(prot, floor, P))
+               for row, (_, prot, cursor, _, _, floor) in _swa_rows(s).items())
     available = len(s.swa_free_pages) * P
     total = s.swa_num_pages * P
     if available + tree + held != total:

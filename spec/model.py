@@ -772,6 +772,7 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
         raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
     _write_kv(s, req.row, prefix, end, req.fill_ids)
     req.committed = req.allocated = req.extend_end = end
+    hybrid.set_swa_evict_floor(s, req)
     if s.cfg.era == "borrow":
         _take(s, req)
     req.phase = "prefill"
@@ -867,6 +868,7 @@ def _prefill_chunk(s: State, req: Req) -> str:
         return "oom"
     _write_kv(s, req.row, prefix, end, req.fill_ids)
     req.committed = req.allocated = req.extend_end = end
+    hybrid.set_swa_evict_floor(s, req)
     if end == req.seqlen:
         _prefill_done(s, req)
     return "ok"

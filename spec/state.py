@@ -179,6 +179,7 @@ class Req:
                                             # (-1: no cap on the prefix match)
     # hybrid models (spec/hybrid.py; zero/None when config.swa_window / mamba_slots are 0)
     swa_evicted_seqlen: int = 0             # [protected, here) has had its SWA KV freed
+    swa_evict_floor: int = 0                # [0, here) never window-evicted (prefill_aware_swa)
     swa_uuid_for_lock: Optional[tuple] = None   # the SWA lock boundary taken with last_node
     decode_batch_idx: int = 0               # decode batches run (SWA eviction from the 2nd)
     mamba_pool_idx: Optional[int] = None    # Mamba state slot (HybridReqToTokenPool)
@@ -210,6 +211,7 @@ class Slot:
     publishes: bool = False     # borrow era: publishes_prompt (taken, no turn handed back yet)
     swa_uuid_for_lock: Optional[tuple] = None   # hybrid (spec/hybrid.py)
     swa_evicted_seqlen: int = 0
+    swa_evict_floor: int = 0
     mamba_pool_idx: Optional[int] = None
     mamba_ping_pong_track_buffer: Optional[tuple] = None
 

@@ -47,13 +47,15 @@ def abstract(s: State) -> AbstractState:
                 is_retracted=r.is_retracted, committed_freed=r.committed_freed,
                 overallocated_freed=r.overallocated_freed,
                 row_pages=_row_pages(s, r.row, r.allocated),
-                swa_evicted_seqlen=r.swa_evicted_seqlen, mamba=mamba_refs(r))
+                swa_evicted_seqlen=r.swa_evicted_seqlen, swa_evict_floor=r.swa_evict_floor,
+                mamba=mamba_refs(r))
         for r in sorted(dict(s.reqs).values(), key=lambda r: r.rid))
     slots = tuple(
         SlotView(sid=sid, row=t.row, committed=t.committed, allocated=t.allocated,
                  protected=t.protected, last_node=anchor_view(s, t.last_node),
                  row_pages=_row_pages(s, t.row, t.allocated),
-                 swa_evicted_seqlen=t.swa_evicted_seqlen, mamba=mamba_refs(t),
+                 swa_evicted_seqlen=t.swa_evicted_seqlen, swa_evict_floor=t.swa_evict_floor,
+                 mamba=mamba_refs(t),
                  swa_uuid_for_lock=anchor_view(s, t.swa_uuid_for_lock))
         for sid, t in sorted(dict(s.slots).items()))
     sessions = tuple(

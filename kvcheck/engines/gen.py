@@ -109,6 +109,8 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
         kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2), max(2, cfg.num_pages - 2)],
                                        "swa_num_pages")
         kw["swa_eviction_interval"] = d.choice([1, 1, 2, 3], "swa_eviction_interval")
+        if cfg.era == "borrow":         # 0.5.23's prefill-aware SWA (the sglang backends draw
+            kw["prefill_aware_swa"] = boolean(d, "prefill_aware_swa")  # no borrow-era SWA)
     if "mamba" in kind:
         kw["mamba_slots"] = d.integer(1, 2 * cfg.num_rows + 2, "mamba_slots")
         lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
