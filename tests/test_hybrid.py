@@ -305,6 +305,55 @@ def test_borrow_slot_and_turn_share_the_cursor():
     assert s.slots[1].swa_evicted_seqlen == s.reqs[1].swa_evicted_seqlen
 
 
+# -- 0.5.23 prefill-aware SWA ------------------------------------------------------------------
+
+PFSWA = Config(page_size=4, num_pages=24, num_rows=2, era="borrow", swa_window=1,
+               prefill_aware_swa=True)
+
+
+def pfswa_turn1():
+    """A 5-token prompt (floor 5, swa_dead_lo 8 above the protected 4), 13 decodes."""
+    return turn1(new=(1, 2, 3, 4, 5), max_new=14, decodes=13)
+
+
+def test_prefill_sets_the_floor_and_the_window_stops_below_it():
+    """`get_new_batch_prefill`: `swa_evict_floor = extend_end`; the slot shares it; the
+    first due eviction starts at ceil_align(floor) = 8, not at cache_protected_len 4."""
+    s = run(PFSWA, turn1(new=(1, 2, 3, 4, 5), max_new=14, decodes=2))
+    r, t = s.reqs[1], s.slots[1]
+    assert (r.swa_evict_floor, t.swa_evict_floor, r.protected) == (5, 5, 4)
+    assert r.swa_evicted_seqlen == 8 > r.committed      # raised to swa_dead_lo (I42 allows it)
+    assert check_state(abstract(s), PFSWA) == []
+    off = run(replace(PFSWA, prefill_aware_swa=False), turn1(new=(1, 2, 3, 4, 5), max_new=14, decodes=2))
+    assert off.reqs[1].swa_evict_floor == 0 and off.reqs[1].swa_evicted_seqlen == 4
+
+
+def test_a_later_turns_floor_above_the_freed_range_keeps_the_pools_conserved():
+    """Turn 2's prefill raises the floor (21, dead_lo 24) above [8, 12), which turn 1's
+    window freed: I43 counts the mapped row-pages, and the close returns every page once."""
+    ops = pfswa_turn1() + [O.SubmitTurn(1, 2, (6, 7), 3), O.Schedule(2)]
+    s = run(PFSWA, ops)
+    assert (s.slots[1].swa_evict_floor, s.slots[1].swa_evicted_seqlen) == (21, 12)
+    assert check_state(abstract(s), PFSWA) == []
+    s = run(PFSWA, ops + [O.Decode(2, 3), O.Decode(2, 3), O.CloseSession(1)])
+    assert check_state(abstract(s), PFSWA) == []
+    assert len(s.swa_free_pages) + len(s.full_to_swa_index_mapping) == 24     # the rest in the tree
+
+
+def test_i42_still_fires_for_a_cursor_past_committed_off_swa_dead_lo():
+    s = abstract(run(PFSWA, turn1(new=(1, 2, 3, 4, 5), max_new=14, decodes=2)))
+    bad = with_req(s, 1, swa_evicted_seqlen=12)
+    assert "I42" in {v.id for v in check_state(bad, PFSWA)}
+
+
+def test_prefill_aware_swa_needs_borrow_era_swa_and_is_omitted_at_its_default():
+    for kw in (dict(era="borrow"), dict(swa_window=2)):
+        with pytest.raises(ConfigError, match=r"config\.prefill_aware_swa"):
+            Config(prefill_aware_swa=True, **kw)
+    assert "prefill_aware_swa" not in replace(PFSWA, prefill_aware_swa=False).to_json()
+    assert Config.from_json(PFSWA.to_json()) == PFSWA
+
+
 def test_mamba_ping_pong_empty_names_the_sentinel_entries():
     from types import SimpleNamespace
     r = SimpleNamespace(mamba_ping_pong_track_buffer=None)
