@@ -407,8 +407,8 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
         return None if a is None else _path_of(s, a[1])
 
     reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx, uuid(r.swa_uuid_for_lock),
-                  ml(r)) for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
-    slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t))
+                  ml(r), r.swa_evict_floor) for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
+    slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t), t.swa_evict_floor)
                   for sid, t in sorted(s.slots.items(), key=lambda x: sid_l[x[0]]))
     return (smap, len(s.swa_free_pages), reqs, slots, len(s.mamba_free_slots),
             s.forward_iter % s.cfg.swa_eviction_interval)
