@@ -40,6 +40,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa") if era == "wrapper"
                               else ("mamba-no-radix",))
+        kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw
 
 

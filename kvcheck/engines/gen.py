@@ -74,18 +74,35 @@ def one_in(d: Drawer, n: int, label: str = "go") -> bool:
 
 def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
                 era: Optional[str] = None, accept: tuple = (), hybrid: Optional[bool] = None,
-                hybrid_kinds: tuple = ()) -> Config:
+                hybrid_kinds: tuple = (), tree_off: bool = True) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
     `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
     SWA / Mamba pools always (True), never (False), or one config in three (either era),
-    of `hybrid_kinds` (default HYBRID_KINDS)."""
+    of `hybrid_kinds` (default HYBRID_KINDS); `tree_off`: draw the disabled tree in one
+    borrow-era config in six (`draw_tree_off`; False: never, as for a real release,
+    `backends.config_kw`, whose hybrid kinds say where it runs one)."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
     cfg = _draw_plain_config(d, P, spec_enabled, era, accept)
-    if hybrid is False or (hybrid is None and not one_in(d, 3, "hybrid")):
+    if not (hybrid is False or (hybrid is None and not one_in(d, 3, "hybrid"))):
+        cfg = draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
+    return draw_tree_off(d, cfg) if tree_off else cfg
+
+
+TREE_OFF_ONE_IN = 6
+
+
+def draw_tree_off(d: Drawer, cfg: Config) -> Config:
+    """`--disable-radix-cache` (0.5.23's disabled `UnifiedRadixCache`) on a borrow-era cfg,
+    plain or hybrid, one time in TREE_OFF_ONE_IN; drawn last, so the rest of the config
+    draws as before. Other eras and an already disabled tree draw nothing."""
+    from dataclasses import replace
+    if cfg.era != "borrow" or cfg.disable_radix_cache:
         return cfg
-    return draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
+    if not one_in(d, TREE_OFF_ONE_IN, "disable_radix_cache"):
+        return cfg
+    return replace(cfg, disable_radix_cache=True)
 
 
 HYBRID_KINDS = ("swa", "mamba", "swa+mamba")

@@ -33,9 +33,9 @@ process (a driver clears it before a run)."""
 
 @st.composite
 def configs(draw, page_sizes=(1, 2, 4), spec_enabled=None, era=None, accept=(), hybrid=None,
-            hybrid_kinds=()):
+            hybrid_kinds=(), tree_off=True):
     return draw_config(HypothesisDrawer(draw, labelled=False), page_sizes, spec_enabled, era,
-                       accept, hybrid, hybrid_kinds)
+                       accept, hybrid, hybrid_kinds, tree_off)
 
 
 def _op_rule(name: str, guard, one_in: int = 1):
