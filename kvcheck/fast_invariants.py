@@ -16,7 +16,7 @@ included). A state invariant this module does not know (one added to spec/ since
 """
 from __future__ import annotations
 
-from spec.hybrid import cursor_at_dead_lo, mamba_refs
+from spec.hybrid import cursor_at_dead_lo, mamba_refs, row_swa_held
 from spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
@@ -276,8 +276,7 @@ def _swa_clean(s: State, tree, owners: dict, free_set: set, P: int) -> bool:
         for k in range(max(prot, cursor) // P, min(-(-committed // P), len(rp))):
             if rp[k] is not None and rp[k] not in mapping:
                 return False
-        held += -(-alloc // P) * P - max(prot, cursor) if floor <= prot else \
-            P * sum(1 for k in range(prot // P, -(-alloc // P)) if rp[k] in mapping)
+        held += row_swa_held(alloc, prot, cursor, floor, P, rp, mapping)
     in_tree = sum(P for n in tree for p in n.pages if p in mapping)
     return len(swa_free) * P + in_tree + held == n_swa * P
 

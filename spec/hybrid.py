@@ -358,6 +358,18 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
     return min(max(start, swa_evicted_seqlen), end)
 
 
+def row_swa_held(allocated: int, protected: int, cursor: int, floor: int, P: int,
+                 row_pages, mapped) -> int:
+    """SWA tokens one row's holders keep (I43, on the abstract and on the fast path):
+    `ceil_align(allocated) - max(protected, cursor)`; under prefill-aware SWA (a floor above
+    the protected prefix) the row pages from the protected prefix on still mapped to an
+    SWA page (`mapped`: full page ids with an SWA page)."""
+    if floor <= protected:
+        return -(-allocated // P) * P - max(protected, cursor)
+    return P * sum(1 for k in range(protected // P, -(-allocated // P))
+                   if row_pages[k] in mapped)
+
+
 def swa_held_tokens(s: State, holder) -> int:
     """`session_held_swa_tokens` of one holder (0.5.23 `kv_private_swa_tokens`):
     `ceil_align(allocated) - protected - max(0, swa_evicted_seqlen - swa_dead_lo)`, which

@@ -14,7 +14,7 @@ from typing import Callable
 from spec import ops as O
 from spec.abstract import AbstractState
 from spec.config import Config
-from spec.hybrid import cursor_at_dead_lo
+from spec.hybrid import cursor_at_dead_lo, row_swa_held
 from spec.pages import ceil_align, ceil_div
 from spec.violations import Violation
 
@@ -512,8 +512,7 @@ def swa_accounting(s: AbstractState, cfg: Config):
     P, mapped = s.page_size, {f for f, _ in s.swa_map}
     tree = sum(P for n in s.nodes for p in n.pages if p in mapped)
     allocs = {row: alloc for row, (_, _, alloc, _) in row_owners(s).items()}
-    held = sum(ceil_align(allocs[row], P) - max(prot, cursor) if floor <= prot else
-               P * sum(1 for k in range(prot // P, ceil_div(allocs[row], P)) if pages[k] in mapped)
+    held = sum(row_swa_held(allocs[row], prot, cursor, floor, P, pages, mapped)
                for row, (_, prot, cursor, _, pages, floor) in _swa_rows(s).items())
     available = len(s.swa_free_pages) * P
     total = s.swa_num_pages * P
