@@ -17,12 +17,10 @@ from typing import Callable
 
 import z3
 
-from proofs.core import RLIMIT_ATTEMPTS, Result, check, fmt_model, timed
+from proofs.core import Result, check, check_control, fmt_model, timed
 from proofs.symexec import (Module, REAL, SymRange, mutate, positive_divisors, py_floordiv,
                             py_mod, symbolic)
 
-CONTROL_RETRY = 5
-"""A negative control left unknown by the first budget runs again with this many times it."""
 
 Ints = z3.Ints
 
@@ -450,12 +448,7 @@ def run_lemma(lem: Lemma) -> list[Result]:
             with positive_divisors() as pd:
                 hyps, goal = lem.build(ctl) if isinstance(ctl, Module) else ctl()
             goal_ = z3.And(goal, pd.obligation())
-            st, model = check(hyps, goal_, divisors=pd.divs)
-            if st == "unknown":     # a control only has to show its counterexample: z3's
-                # search (its term order follows whatever ran before in the process) can
-                # spend the first budget; a larger one settles it, the proof's is unchanged
-                st, model = check(hyps, goal_, divisors=pd.divs,
-                                  rlimits=tuple(CONTROL_RETRY * r for r in RLIMIT_ATTEMPTS))
+            st, model = check_control(hyps, goal_, divisors=pd.divs)
             detail = f"counterexample: {fmt_model(model)}" if model else ""
             return st, model, detail
         out.append(timed(f"{lem.name} / control: {label}", "control", "refuted", refute))

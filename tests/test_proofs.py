@@ -122,7 +122,7 @@ def test_induction_step(op):
 
 @pytest.mark.parametrize("label,op,mod,drop", I.CONTROLS, ids=[c[0] for c in I.CONTROLS])
 def test_induction_control_refuted(label, op, mod, drop):
-    status, model, detail = I.prove_op(op, mod, drop)
+    status, model, detail = I.prove_op(op, mod, drop, control=True)
     assert status == "refuted"
     assert detail.startswith("counterexample to induction: op ")
     assert I.cti_to_ops(op, model) is None
@@ -146,3 +146,24 @@ def test_report_and_ok():
     assert not ok(bad)
     assert "NOT as expected" in report(bad)
     assert not ok([])
+
+
+def test_a_control_left_unknown_runs_again_with_larger_budgets(monkeypatch):
+    """Negative controls (lemmas and induction) get one retry at CONTROL_RETRY times every
+    budget when z3 answers unknown; a proof never does."""
+    import proofs.core as C
+    calls = []
+
+    def fake(hyps, goal, **kw):
+        calls.append(kw)
+        return ("unknown", None) if len(calls) == 1 else ("refuted", {"x": 1})
+    monkeypatch.setattr(C, "check", fake)
+    assert C.check_control([], None, split=False) == ("refuted", {"x": 1})
+    assert len(calls) == 2
+    assert calls[1]["rlimits"] == tuple(C.CONTROL_RETRY * r for r in C.RLIMIT_ATTEMPTS)
+    assert calls[1]["rlimit_whole"] == C.CONTROL_RETRY * C.RLIMIT_WHOLE
+    assert calls[1]["split"] is False
+    calls.clear()
+    monkeypatch.setattr(C, "check", lambda h, g, **kw: calls.append(kw) or ("refuted", {}))
+    C.check_control([], None)
+    assert len(calls) == 1, "a control answered at once is not run again"
