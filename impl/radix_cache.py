@@ -246,7 +246,7 @@ class RadixCache:
         self.free_tree_kv(kv[protected:new_prefix_len])
         if self.split_at_prompt:
             self._split_at_prompt(req, n_keys, kv)
-        new_indices, new_last_node = self.match_prefix(keys)
+        new_indices, new_last_node = self.rematch_inserted(keys)
         assert len(new_indices) == n_keys, f"re-match {len(new_indices)} != {n_keys}"
         if "cache_unfinished_no_row_rewrite" not in faults.ACTIVE:
             self.req_to_token_pool.write(req.req_pool_idx, protected, new_indices[protected:])
@@ -255,6 +255,10 @@ class RadixCache:
         req.last_node = new_last_node
         req.cache_protected_len = end if "protected_len_unaligned" in faults.ACTIVE else len(new_indices)
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices):]))
+
+    def rematch_inserted(self, keys) -> tuple:
+        """The path `cache_unfinished_req` just inserted, as `match_prefix` returns it."""
+        return self.match_prefix(keys)
 
     def _split_at_prompt(self, req, n_keys: int, kv: torch.Tensor) -> None:
         """Borrow era (checkpoint_into_tree): insert the page-aligned prompt again, which

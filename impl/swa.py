@@ -256,6 +256,15 @@ class SWARadixCache(RadixCache):
             idx, node = super().match_prefix(tuple(key)[:usable])
         return idx, node
 
+    def rematch_inserted(self, keys) -> tuple:
+        """Borrow era: the whole inserted path, tombstoned pages included (0.5.23
+        `checkpoint_into_tree` takes `path_device_indices(result.last_device_node)`, no
+        window cut; the spec's plain re-match). The wrapper era re-matches through the
+        window-aware match, after the insert recovered the tombstones it walked."""
+        if self._wrapper():
+            return self.match_prefix(keys)
+        return RadixCache.match_prefix(self, keys)
+
     def _split_walk(self, key) -> torch.Tensor:
         """`match_prefix`'s walk and split without its access stamps."""
         key = tuple(key)[: self.page_align_len(len(key))]
