@@ -358,6 +358,13 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
     return min(max(start, swa_evicted_seqlen), end)
 
 
+def prompt_split_on(s: State) -> bool:
+    """Borrow era `checkpoint_into_tree` (0.5.23 `unified_radix_cache.py` l.1266-1270): the
+    second insert that splits the path at the prompt boundary runs only when the tree's one
+    component is FULL, so not under an SWA (or a Mamba) component."""
+    return s.cfg.era == "borrow" and not s.cfg.swa_window and not s.cfg.mamba_slots
+
+
 def row_swa_held(allocated: int, protected: int, cursor: int, floor: int, P: int,
                  row_pages, mapped) -> int:
     """SWA tokens one row's holders keep (I43, on the abstract and on the fast path):

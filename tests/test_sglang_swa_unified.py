@@ -70,3 +70,28 @@ def test_session_slot_lock_boundary_reads_back(probe):
 def test_evicting_everything_returns_both_pools(probe):
     steps = probe["evict"]["steps"]
     assert steps[-1]["op"] == "evict" and steps[-1]["tree"] == [] and steps[-1]["swa_free"] == 24
+
+
+WIDE = Config(page_size=2, num_pages=24, num_rows=4, swa_window=32, era="borrow")
+
+
+def test_a_window_wider_than_every_sequence_agrees_with_0523():
+    """With a window no sequence outgrows, nothing is window-freed, tombstoned or capped:
+    every probe sequence runs in lockstep with the real FULL + SWA tree, including the
+    retried request whose finish 0.5.23 does not split at the prompt (the spec's
+    `prompt_split_on`: `checkpoint_into_tree` splits a FULL-only tree only)."""
+    _need_0523()
+    from adapters.sglang.proxy import swa_unified_probe
+    r = swa_unified_probe(WIDE, "0.5.23")
+    assert {k: v["first_divergence"] for k, v in r.items()} == {k: None for k in r}
+    last = r["retract_evict"]["steps"][-1]
+    assert [n[:2] for n in last["tree"]] == [[16, 16], [18, 2]]     # no node ends at 12
+
+
+def test_prompt_split_only_for_a_full_only_tree():
+    from spec.hybrid import prompt_split_on
+    from spec.state import initial_state
+    assert prompt_split_on(initial_state(Config(era="borrow")))
+    assert not prompt_split_on(initial_state(WIDE))
+    assert not prompt_split_on(initial_state(Config(era="borrow", mamba_slots=2)))
+    assert not prompt_split_on(initial_state(Config(swa_window=4)))      # wrapper era

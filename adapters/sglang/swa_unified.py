@@ -169,6 +169,12 @@ def probe_ops() -> dict:
         "retract": [O.SubmitRequest(1, long_prompt, 8), O.Schedule(1)]
                    + [O.Decode(1, 50 + k) for k in range(4)]
                    + [O.Retract(1), O.Schedule(1), O.Decode(1, 60), O.Finish(1)],
+        # the retried request's prompt is no node boundary once the tree is evicted: its
+        # finish does not split there (`checkpoint_into_tree` splits a FULL-only tree only)
+        "retract_evict": [O.SubmitRequest(1, long_prompt, 8), O.Schedule(1)]
+                         + [O.Decode(1, 50 + k) for k in range(4)]
+                         + [O.Retract(1), O.Evict(64), O.Schedule(1), O.Decode(1, 60),
+                            O.Finish(1)],
     }
 
 
