@@ -77,14 +77,19 @@ def lock_uuid(lock):
     return lock.receipt.component_lock_uuids.get(_swa())
 
 
-def nodes(cache) -> list:
-    root = cache.tree_core.root_node
-    out, stack = [], list(root.children.values())
+def paths(cache) -> list:
+    """(key path length, node) of every node below the root."""
+    out, stack = [], [(cache.tree_core.root_node, 0)]
     while stack:
-        n = stack.pop()
-        out.append(n)
-        stack.extend(n.children.values())
+        node, depth = stack.pop()
+        kids = [(depth + len(c.key), c) for c in node.children.values()]
+        out += kids
+        stack += [(c, d) for d, c in kids]
     return out
+
+
+def nodes(cache) -> list:
+    return [n for _, n in paths(cache)]
 
 
 def uuid_node(cache, uuid):
@@ -102,16 +107,11 @@ def tree_swa(cache) -> list:
     """(key path length, node length, SWA value or None, SWA lock_ref, FULL lock_ref) of
     every node, by path length: what a probe or test reads of the SWA component."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-    out, stack = [], [(cache.tree_core.root_node, 0)]
-    while stack:
-        node, depth = stack.pop()
-        for child in node.children.values():
-            d = depth + len(child.key)
-            cd = child.component_data[ComponentType.SWA]
-            value = None if cd.value is None else [int(v) for v in cd.value.tolist()]
-            out.append((d, len(child.key), value, int(cd.lock_ref),
-                        int(child.component_data[ComponentType.FULL].lock_ref)))
-            stack.append((child, d))
+    out = []
+    for d, n in paths(cache):
+        cd = n.component_data[ComponentType.SWA]
+        out.append((d, len(n.key), None if cd.value is None else [int(v) for v in cd.value.tolist()],
+                    int(cd.lock_ref), int(n.component_data[ComponentType.FULL].lock_ref)))
     return sorted(out, key=lambda x: (x[0], x[1], repr(x)))
 
 
