@@ -19,6 +19,19 @@ import collections
 import time
 
 
+def _kind(f) -> str:
+    """What a state divergence's first difference is about (the rules of
+    docs/semantics.md's list)."""
+    if f.id != "D1" or not f.details:
+        return ""
+    first = f.details[0]
+    for word, kind in (("swa_evicted_seqlen", "cursor"), ("swa_uuid_for_lock", "lock boundary"),
+                       ("node", "tree shape"), ("swa_", "SWA pool")):
+        if word in first:
+            return f" [{kind}]"
+    return f" [{first[:30]}]"
+
+
 def main(argv=None) -> int:
     from adapters.sglang.findings import known_trigger
     from adapters.sglang.proxy import SglangProxy
@@ -40,7 +53,7 @@ def main(argv=None) -> int:
         seq = walk(args.seed, i, lambda cfg: SglangProxy(cfg, "0.5.23", refuse=False),
                    "sglang-0.5.23", stats, config_kw=kw, skip=skip, length=args.length)
         f = seq.failure
-        key = ("pass" if f is None else f"{f.op.name} {f.id} ({f.side})") + \
+        key = ("pass" if f is None else f"{f.op.name} {f.id}{_kind(f)} ({f.side})") + \
             (", prefill-aware" if seq.cfg.prefill_aware_swa else "")
         tally[key] += 1
         if f is not None and key not in examples:

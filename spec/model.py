@@ -790,7 +790,8 @@ def _take(s: State, req: Req) -> None:
         return
     s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
                                 protected=req.protected,
-                                last_node=req.last_node if req.locked else None, publishes=True)
+                                last_node=req.last_node if req.locked else None, publishes=True,
+                                swa_uuid_for_lock=req.swa_uuid_for_lock if req.locked else None)
     hybrid.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
     req.locked = False
     req.last_node = ("virtual", req.session)
@@ -810,6 +811,7 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
     slot.last_node = None
     cache_unfinished_req_inner(s, req)
     slot.last_node, req.locked = req.last_node, False
+    slot.swa_uuid_for_lock = req.swa_uuid_for_lock      # the SWA boundary moves with the lock
     req.last_node = ("virtual", req.session)
     slot.protected = req.protected
 

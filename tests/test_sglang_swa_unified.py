@@ -95,3 +95,27 @@ def test_prompt_split_only_for_a_full_only_tree():
     assert not prompt_split_on(initial_state(WIDE))
     assert not prompt_split_on(initial_state(Config(era="borrow", mamba_slots=2)))
     assert not prompt_split_on(initial_state(Config(swa_window=4)))      # wrapper era
+
+
+def test_slot_lock_boundary_follows_the_checkpoint_on_spec_and_impl(probe):
+    """0.5.23 `acquire_component_lock`: the boundary is the first node up from the locked
+    one covering the window; `try_checkpoint` moves the slot's lock (and so its boundary)
+    to the node the first turn's prompt insert ends on. The spec and impl take the same
+    anchor the release reads back, and the probe's divergence no longer names it."""
+    from adapters.impl import ImplBackend
+    from adapters.sglang.swa_unified import probe_ops
+    from kvcheck.checker import run_ops
+    ops = probe_ops()["session"][:3]
+    r = run_ops(CFG, ops, ImplBackend(CFG), keep_records=True)
+    assert r.failure is None, r.failure.render()
+    from spec.model import initial_state, step
+    from spec.view import abstract
+    s = initial_state(CFG)
+    for op in ops:
+        s, _ = step(s, op)
+    (slot,) = abstract(s).slots
+    want = ("node", tuple(range(1, 13)))
+    assert slot.swa_uuid_for_lock == want
+    assert tuple(map(lambda x: tuple(x) if isinstance(x, list) else x,
+                     probe["session"]["steps"][2]["slots"]["1"][3])) == want
+    assert not any("swa_uuid_for_lock" in x for x in probe["session"]["first_divergence"]["lines"])
