@@ -56,6 +56,7 @@ class RadixCache:
         self.page_size = page_size
         self.device = device
         self.split_at_prompt = False      # borrow era: checkpoint_into_tree's prompt split
+        self.full_only = True             # ... which only a FULL-only tree makes
         self.disable = False              # borrow era --disable-radix-cache: keeps nothing
         self.segment_frees = False        # borrow era: tree KV goes back by free_segment
         self.reset()
@@ -244,7 +245,7 @@ class RadixCache:
         new_prefix_len = self.insert(keys, kv[:n_keys])
         protected = req.cache_protected_len
         self.free_tree_kv(kv[protected:new_prefix_len])
-        if self.split_at_prompt:
+        if self.split_at_prompt and self.full_only:
             self._split_at_prompt(req, n_keys, kv)
         new_indices, new_last_node = self.rematch_inserted(keys)
         assert len(new_indices) == n_keys, f"re-match {len(new_indices)} != {n_keys}"
@@ -281,7 +282,7 @@ class RadixCache:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])
             self.free_tree_kv(kv[protected:new_prefix_len])
-            if self.split_at_prompt:
+            if self.split_at_prompt and self.full_only:
                 self._split_at_prompt(req, n_keys, kv)
         else:
             self.token_to_kv_pool_allocator.free(kv[protected:n_keys])

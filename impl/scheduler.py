@@ -92,6 +92,9 @@ class Scheduler:
         self.radix_cache.disable = disable_radix_cache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
+        # checkpoint_into_tree splits at the prompt for a FULL-only tree only
+        # (spec.hybrid.prompt_split_on): no SWA or Mamba component
+        self.radix_cache.full_only = not swa_window and not mamba_slots
         if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
             self.radix_cache.lock_holders = lambda: [*self.reqs.values(),
                                                      *self.tree_cache.slots.values()]

@@ -233,6 +233,7 @@ class StreamingSession:
                            last_node=req.last_node if req.lock_held else None,
                            cache_protected_len=req.cache_protected_len)
         slot.publishes = True
+        slot.swa_uuid_for_lock = req.swa_uuid_for_lock if req.lock_held else None
         slot.swa_evict_floor = req.swa_evict_floor      # one record: the floor too
         slot.mamba_pool_idx = req.mamba_pool_idx        # one record: the Mamba refs too
         slot.mamba_ping_pong_track_buffer = req.mamba_ping_pong_track_buffer
@@ -266,6 +267,7 @@ class StreamingSession:
             slot.last_node = None
             self.inner.cache_unfinished_req(req, chunked=chunked)
             slot.last_node, req.lock_held = req.last_node, False
+            slot.swa_uuid_for_lock = getattr(req, "swa_uuid_for_lock", None)  # moves with the lock
             req.last_node = slot.virtual_node
             slot.cache_protected_len = req.cache_protected_len
         elif chunked:

@@ -386,14 +386,15 @@ class SWARadixCache(RadixCache):
         return len(n.key) > 0 and bool((m[n.value.to(I64)] == 0).all())
 
     def _split_node(self, child, split_len: int):
-        """The new upper half inherits the child's `swa_uuid` (wrapper era): a holder
-        whose SWA lock ended at the child now ends at the upper half."""
+        """The new upper half inherits the child's `swa_uuid` (both eras: 0.5.23's
+        `redistribute_on_node_split` moves the uuid too): a holder whose SWA lock ended at
+        the child now ends at the upper half."""
         new = super()._split_node(child, split_len)
         if self._wrapper():     # the lower half is re-stamped, after the upper one
             child.last_access_tick = self._creation_tick()
-            for h in self.lock_holders():
-                if getattr(h, "swa_uuid_for_lock", None) is child:
-                    h.swa_uuid_for_lock = new
+        for h in self.lock_holders():
+            if getattr(h, "swa_uuid_for_lock", None) is child:
+                h.swa_uuid_for_lock = new
         return new
 
     def swa_locked(self) -> set:
@@ -469,15 +470,13 @@ class SWARadixCache(RadixCache):
 
 
 def swa_lock_boundary(tree, node):
-    """`inc_lock_ref(...).swa_uuid_for_lock`: wrapper era, the node where the SWA lock,
-    walking up from the locked node, first covers `sliding_window_size` tokens; borrow
-    era, the locked radix node (None: the root, a virtual node, or the root reached
-    first)."""
+    """`inc_lock_ref(...).swa_uuid_for_lock` (0.5.15) / the receipt's SWA uuid (0.5.23
+    `acquire_component_lock`): the node where the SWA lock, walking up from the locked
+    node, first covers `sliding_window_size` tokens (None: the root, a virtual node, or
+    the root reached first)."""
     from impl.radix_cache import TreeNode
     if not isinstance(node, TreeNode) or node is tree.root_node:
         return None
-    if tree.split_at_prompt:
-        return node
     size = 0
     while node is not tree.root_node:
         size += len(node.key)

@@ -28,7 +28,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
     checked by its trace (docs/upstream-findings.md), and on the borrow era with the
     radix cache disabled (its Mamba tree is not modelled); SWA on the wrapper era only:
-    0.5.23's SWA tree component is not driven, adapters/sglang/hybrid.py)."""
+    0.5.23's SWA tree component is driven by a probe and a campaign but refused in runs,
+    adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:

@@ -240,15 +240,16 @@ def decode_batch_done(req: Req) -> None:
 
 def note_swa_lock(s: State, req: Req) -> None:
     """`_req_inc_lock_ref` under SWA: `swa_uuid_for_lock` names the lock boundary the
-    inc took. Wrapper era (`SWARadixCache.inc_lock_ref`): the node where the SWA lock,
-    walking up from the locked node, first covers `sliding_window_size` tokens (None when
-    it reaches the root first, or for the root and a virtual node). Borrow era: the
-    locked radix node."""
+    inc took: the node where the SWA lock, walking up from the locked node, first covers
+    `sliding_window_size` tokens (None when it reaches the root first, or for the root and
+    a virtual node). Both eras: 0.5.15 `SWARadixCache.inc_lock_ref`; 0.5.23
+    `SWAComponent.acquire_component_lock` (tombstones counted, the boundary node stamped
+    with the receipt's uuid)."""
     if not swa_on(s):
         return
     a = req.last_node
     nid = a[1] if a and a[0] == "node" and a[1] != 0 else None
-    if s.cfg.era != "borrow" and nid is not None:
+    if nid is not None:
         nid = swa_window_node(s, nid)
     req.swa_uuid_for_lock = None if nid is None else ("node", nid)
 
@@ -267,9 +268,10 @@ def swa_window_node(s: State, nid: int):
 
 
 def move_swa_uuid(s: State, lower: int, upper: int) -> None:
-    """`_split_node`: the new upper half inherits the lower one's `swa_uuid` (wrapper era),
-    so every holder whose SWA lock ended at the split node now ends at the upper half."""
-    if not swa_on(s) or s.cfg.era == "borrow":
+    """`_split_node`: the new upper half inherits the lower one's `swa_uuid` (0.5.15
+    `SWARadixCache._split_node`; 0.5.23 `SWAComponent.redistribute_on_node_split`), so every
+    holder whose SWA lock ended at the split node now ends at the upper half."""
+    if not swa_on(s):
         return
     old = ("node", lower)
     for m in (s.reqs, s.slots):
@@ -356,6 +358,13 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
     if not swa_on(s) or s.cfg.era == "borrow":
         return start
     return min(max(start, swa_evicted_seqlen), end)
+
+
+def prompt_split_on(s: State) -> bool:
+    """Borrow era `checkpoint_into_tree` (0.5.23 `unified_radix_cache.py` l.1266-1270): the
+    second insert that splits the path at the prompt boundary runs only when the tree's one
+    component is FULL, so not under an SWA (or a Mamba) component."""
+    return s.cfg.era == "borrow" and not s.cfg.swa_window and not s.cfg.mamba_slots
 
 
 def row_swa_held(allocated: int, protected: int, cursor: int, floor: int, P: int,

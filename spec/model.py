@@ -387,7 +387,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     new_prefix_len = insert(s, key, row[:keys_len // P], prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
-    if s.cfg.era == "borrow":
+    if hybrid.prompt_split_on(s):
         _split_at_prompt(s, req, keys_len)
     nid, pages = match_prefix(s, key)
     if len(pages) * P != keys_len:
@@ -402,9 +402,10 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
 
 
 def _split_at_prompt(s: State, req: Req, keys_len: int) -> None:
-    """Borrow era (`checkpoint_into_tree`): a second insert of the page-aligned prompt
-    splits the inserted path at the prompt boundary (so eviction can drop the output
-    KV without the prompt); it adds and frees nothing."""
+    """Borrow era (`checkpoint_into_tree`), a FULL-only tree (`hybrid.prompt_split_on`): a
+    second insert of the page-aligned prompt splits the inserted path at the prompt
+    boundary (so eviction can drop the output KV without the prompt); it adds and frees
+    nothing."""
     P = s.cfg.page_size
     prompt_len = floor_align(len(req.origin), P)
     if 0 < prompt_len < keys_len:
@@ -422,7 +423,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
                                 req.swa_evicted_seqlen, req.protected)
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
-        if s.cfg.era == "borrow":
+        if hybrid.prompt_split_on(s):
             _split_at_prompt(s, req, keys_len)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
@@ -789,7 +790,8 @@ def _take(s: State, req: Req) -> None:
         return
     s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
                                 protected=req.protected,
-                                last_node=req.last_node if req.locked else None, publishes=True)
+                                last_node=req.last_node if req.locked else None, publishes=True,
+                                swa_uuid_for_lock=req.swa_uuid_for_lock if req.locked else None)
     hybrid.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
     req.locked = False
     req.last_node = ("virtual", req.session)
@@ -809,6 +811,7 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
     slot.last_node = None
     cache_unfinished_req_inner(s, req)
     slot.last_node, req.locked = req.last_node, False
+    slot.swa_uuid_for_lock = req.swa_uuid_for_lock      # the SWA boundary moves with the lock
     req.last_node = ("virtual", req.session)
     slot.protected = req.protected
 

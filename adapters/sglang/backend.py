@@ -41,7 +41,7 @@ from spec.model import resolve_logprob_start
 from spec.pages import ceil_div, chunk_end, pages_needed_extend
 from spec.violations import Violation
 
-from adapters.sglang import hybrid, shim, swa_tree
+from adapters.sglang import hybrid, shim, swa_tree, swa_unified
 
 VOCAB = 32000
 SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
@@ -231,6 +231,9 @@ class SglangBackend:
             self.cache = StreamingSession(RadixCache(params))
             self.tree = self.cache.inner
             self.sess_obj = self.cache
+        elif cfg.swa_window:    # 0.5.23 FULL + SWA (adapters/sglang/swa_unified.py)
+            self.cache = self.tree = swa_unified.build(cfg, self.pool, self.alloc)
+            self.sess_obj = self.cache.session
         else:
             from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
             params = CacheInitParams(disable=cfg.disable_radix_cache, req_to_token_pool=self.pool,
@@ -597,6 +600,8 @@ class SglangBackend:
         batch = ScheduleBatch.init_new([req], self.pool, self.alloc, self.cache,
                                        self.model_config, False, SpeculativeAlgorithm.NONE)
         batch.prepare_for_extend()
+        if self.cfg.prefill_aware_swa:  # get_new_batch_prefill: model_runner.prefill_aware_swa
+            req.kv.swa_evict_floor = req.extend_end
         L.batch = batch
         self._write_shadow(req, prefix, end)
 
@@ -959,6 +964,14 @@ class SglangBackend:
         """A holder's SWA cursor and (a slot, `paths` given) its SWA lock boundary."""
         if not self.cfg.swa_window:
             return {}
+        if self.api != "flat":
+            out = swa_unified.swa_fields(holder)
+            if paths is not None:
+                node = swa_unified.uuid_node(self.cache, swa_unified.lock_uuid(
+                    getattr(holder, "lock", None)))
+                out["swa_uuid_for_lock"] = None if node is None else \
+                    self._anchor(node.id, paths, None)
+            return out
         out = swa_tree.swa_fields(holder)
         if paths is not None:
             node = swa_tree.uuid_node(self.tree, getattr(holder, "swa_uuid_for_lock", None))
@@ -1125,4 +1138,6 @@ class SglangBackend:
                                      f"row {row} is in free_slots", owner=who))
         if self.cfg.swa_window and self.api == "flat":
             out += swa_tree.tree_violations(self.cfg, self.tree, self.alloc)
+        elif self.cfg.swa_window:
+            out += swa_unified.tree_violations(self.cfg, self.cache, self.alloc)
         return out + self.upstream_leak_violations()

@@ -14,9 +14,13 @@ SWA (issue 15): the real `SWATokenToKVPoolAllocator` constructs and runs on the 
 0.5.15 and 0.5.23 over a real one-head `SWAKVPool` (`swa_allocator`), with no stand-in.
 0.5.15 (wrapper era): the tree production pairs with it, `SWARadixCache` wrapped by
 `StreamingSession`, is driven too (adapters/sglang/swa_tree.py). 0.5.23 (borrow era):
-`UnifiedRadixCache`'s SWA component is not driven (refused with one line): its
-`swa_evict_floor`/`component_evicted_seqlens` records and its tree component have no
-read-back here yet (docs/semantics.md, "SWA on the real releases").
+`UnifiedRadixCache` with the FULL + SWA components is built as production builds it and
+driven and read back (adapters/sglang/swa_unified.py: cursors, floors, per-node SWA values
+and locks, the SWA lock boundary; C6/C7 on the concrete tree), but the adapter still
+refuses swa_window there (one line, `refusal`): the spec's borrow-era SWA rules part from
+the release at the first prefill of a prompt longer than the window (its checkpoint frees
+out-of-window SWA and inserts a tombstone node and a window-capped leaf), which
+`swa_unified_probe` shows (docs/semantics.md, "SWA on the real releases").
 
 Mamba on 0.5.23 (borrow era; issue 15 item 4): driven with the radix cache disabled
 (`config.disable_radix_cache`, `--disable-radix-cache`: `UnifiedRadixCache` with FULL +
@@ -88,9 +92,11 @@ import types
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
     if cfg.swa_window and api != "flat":
-        return ("config.swa_window: the sglang adapter drives the SWA tree on the wrapper era "
-                "(0.5.15 SWARadixCache) only, not 0.5.23's UnifiedRadixCache SWA component; "
-                "use swa_window=0 with a borrow-era release")
+        return ("config.swa_window: 0.5.23's UnifiedRadixCache SWA component runs here "
+                "(adapters/sglang/swa_unified.py) but kvcheck's borrow-era SWA spec does not "
+                "follow it yet (its checkpoint frees out-of-window SWA, keeps a tombstone node "
+                "and caps the live leaf at one window; docs/semantics.md); use swa_window=0 "
+                "with a borrow-era release, or sglang 0.5.15")
     if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
                 "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "

@@ -136,10 +136,23 @@ def mamba_tree_probe(cfg: Config, version: str) -> dict:
     return _probe("mamba_tree_probe", cfg, version)
 
 
+def swa_unified_probe(cfg: Config, version: str, names=None) -> dict:
+    """adapters.sglang.swa_unified.swa_unified_probe run by the served release VERSION."""
+    python = resolve_python(version)
+    reply = _server(python).call({"cmd": "swa_unified_probe", "config": cfg.to_json(),
+                                  "names": names})
+    if "error" in reply:
+        raise RuntimeError(f"[sglang-{version}] {reply['error']}")
+    return reply
+
+
 class SglangProxy:
     """Backend protocol over a served sglang venv."""
 
-    def __init__(self, cfg: Config, version: str | None = None, python: str | None = None):
+    def __init__(self, cfg: Config, version: str | None = None, python: str | None = None,
+                 refuse: bool = True):
+        """refuse=False: the served backend runs a config its release refuses (a probe or
+        a campaign that examines why, e.g. SWA on 0.5.23: adapters/sglang/swa_unified.py)."""
         from adapters.sglang.wire import state_from_json, violation_from_json
         self._state_from_json, self._viol_from_json = state_from_json, violation_from_json
         self.cfg = cfg
@@ -147,7 +160,10 @@ class SglangProxy:
         if python is None:
             raise SglangUnavailable("sglang is importable in-process; use make_backend()")
         server = self._server = _server(python)
-        reply = server.call({"cmd": "init", "config": cfg.to_json(), "version": version})
+        msg = {"cmd": "init", "config": cfg.to_json(), "version": version}
+        if not refuse:
+            msg["refuse"] = False
+        reply = server.call(msg)
         if "error" in reply:
             raise SglangUnavailable(reply["error"])
         self.name = reply["backend"]

@@ -78,7 +78,8 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
             if cmd == "init":
                 from adapters.sglang.backend import SglangBackend
                 backend = SglangBackend(Config.from_json(msg["config"]),
-                                        expect_version=msg.get("version"))
+                                        expect_version=msg.get("version"),
+                                        refuse=msg.get("refuse", True))
                 reply = {"ok": True, "backend": backend.name, "version": backend.version,
                          "api": backend.api}
             elif cmd == "apply":
@@ -92,6 +93,12 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 cfg = Config.from_json(msg["config"])
                 process_setup(cfg.page_size, cfg.spec_enabled)
                 reply = getattr(hybrid, cmd)(cfg)
+            elif cmd == "swa_unified_probe":     # adapters/sglang/swa_unified.py
+                from adapters.sglang import swa_unified
+                from adapters.sglang.backend import process_setup
+                cfg = Config.from_json(msg["config"])
+                process_setup(cfg.page_size, cfg.spec_enabled)
+                reply = swa_unified.swa_unified_probe(cfg, msg.get("names"))
             elif cmd == "close":
                 if backend is not None:
                     backend.close()
