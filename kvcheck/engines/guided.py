@@ -4,27 +4,38 @@ engine, as AFL and HypoFuzz do.
 The novelty signal is the spec's own record of each step, not a tracer: the operation
 and its outcome, under the configuration's shape, after the previous step's outcome,
 with its arguments' classes, and each named PATH (retract-retry, `_free_tail` frees,
-...) it took (`step_features`). It costs nothing measurable (coverage.py's branch
-tracing cost about 1.6x per sequence) and is the same for every backend, a release
-included. A corpus keeps every sequence that showed a feature no earlier one showed.
+...) it took (`step_features`); and the step's effects on the spec's state, read through
+the walk's `observe` hook (`effect_features`: pages taken or freed, a pool left full,
+lengths against the page boundary, the request's phase change). It costs little
+(coverage.py's branch tracing cost about 1.6x per sequence) and is the same for every
+backend, a release included. A corpus keeps every sequence that showed a feature no
+earlier one showed.
 
-The first WARMUP sequences are the walk engine's own (most planted faults fall in them,
-found at the walk engine's speed). After them, MUTATE_SHARE of the sequences are
-derived from the corpus (an entry picked by rarity, AFL's energy: 1 / the fewest
+Fresh walks are spread (`Guided.preview`): PREVIEW plans are drawn for the index (the
+walk engine's own first; a plan is the configuration, the length and the swarm,
+`walk.draw_plan`), and the one whose traits (`plan_traits`) earlier fresh walks ran least
+often is run. Measured (docs/coverage.md), this is where guided's lead in branches comes
+from: a fresh walk in an untried configuration reaches more new code than a variation of
+a known sequence.
+
+The first WARMUP sequences are never derived. After them, MUTATE_SHARE of the sequences
+are derived from the corpus (an entry picked by rarity, AFL's energy: 1 / the fewest
 sequences that showed one of the features it found first; or one of the latest), the
-rest are fresh walks. A derived sequence is one of:
+rest are fresh walks. A derived sequence keeps its parent's configuration and is one of
+DERIVE_MUTATIONS:
 
   extend   the first half or more of a corpus sequence, then more random steps;
   splice   the head of one corpus sequence, then the tail of another;
   argument a corpus sequence with one operation's argument changed (and a few of the
            operations after it);
   swap     a corpus sequence with two neighbouring operations swapped (same);
-  config   a corpus sequence under its configuration with one field drawn afresh;
 
-each replayed through the walk (an operation the spec does not enable at its point is
-left out) and continued by it. Sequence `index` of campaign `seed` is a pure function of
-(seed, index, the sequences before it in this process): one worker replays a campaign
-exactly; N workers each keep their own corpus.
+("config", a corpus sequence under its configuration with one field drawn afresh, is
+in MUTATIONS but not drawn: see DERIVE_MUTATIONS) each replayed through the walk (an
+operation the spec does not enable at its point is left out) and continued by it.
+Sequence `index` of campaign `seed` is a pure function of (seed, index, the sequences
+before it in this process): one worker replays a campaign exactly; N workers each keep
+their own corpus.
 """
 from __future__ import annotations
 
