@@ -170,3 +170,16 @@ def test_derived_sequences_keep_their_parents_configuration():
         for _ in range(20):
             cfg, _, _ = derive(how, g.corpus, rng, Config(page_size=2, num_pages=9))
             assert cfg in parents, how
+
+
+def test_bench_coverage_reads_tune_settings_and_prints_no_found_lines_unless_verbose(tmp_path,
+                                                                                   capfd):
+    from benchmarks.bench_coverage import TUNE, first_report, parse_settings
+    assert parse_settings("PREVIEW=1,DERIVE_MUTATIONS=('extend','swap')") == {
+        "PREVIEW": 1, "DERIVE_MUTATIONS": ("extend", "swap")}
+    assert all(hasattr(G, k) for spec in TUNE for k in parse_settings(spec))
+    _, seqs = first_report("free_no_page_dedup", "guided", 0, 20, tmp_path / "a")
+    assert seqs < 20
+    assert "FOUND" not in capfd.readouterr().err
+    first_report("free_no_page_dedup", "guided", 0, 20, tmp_path / "b", verbose=True)
+    assert "FOUND" in capfd.readouterr().err
