@@ -8,7 +8,10 @@
 2. Time to detection per planted fault: seconds from the campaign's start to the first
    report, and sequences run until then, `--examples` sequences per campaign (no
    shrinking), the median over `--seeds` seeds per fault, then the median and worst
-   over the faults.
+   over the faults. The campaigns' FOUND lines are not printed (`--verbose` prints them).
+3. `--tune [SETTINGS]`: the coverage curves of the guided engine under other settings
+   of its module constants too, a column each (default: each choice undone alone,
+   TUNE), to see which choice the gain comes from.
 
 With `--backend sglang:V` (1 only): the release's branches (the modules `kvcheck coverage
 --backend sglang:V` reports, the recorded findings accepted) each engine reaches within
