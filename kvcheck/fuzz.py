@@ -180,14 +180,17 @@ class Interrupts:
 class Console:
     """What a campaign prints on stderr as it goes: the first report of every failure
     (always), shrink progress (a live rich line on a terminal, one line otherwise),
-    and, unless quiet, the header and a campaign-wide progress line."""
+    and, unless quiet, the header and a campaign-wide progress line. `silent`: nothing at
+    all (a benchmark that prints its own table)."""
 
-    def __init__(self, quiet: bool = False, prefix: str = "") -> None:
+    def __init__(self, quiet: bool = False, prefix: str = "", silent: bool = False) -> None:
         from rich.console import Console as RichConsole
-        self.quiet, self.prefix = quiet, prefix
+        self.quiet, self.prefix, self.silent = quiet or silent, prefix, silent
         self.rich = RichConsole(stderr=True, highlight=False, soft_wrap=True)
 
     def line(self, msg: str, always: bool = False) -> None:
+        if self.silent:
+            return
         if always or not self.quiet:
             print(self.prefix + msg, file=sys.stderr, flush=True)
 
@@ -199,7 +202,7 @@ class Console:
     @contextmanager
     def shrinking(self, f: Found, max_replays: int):
         """Yields on_replay(replays, length) for the shrinker."""
-        if not self.rich.is_terminal:
+        if self.silent or not self.rich.is_terminal:
             yield lambda n, length: None
             return
         from rich.progress import BarColumn, Progress, TextColumn

@@ -9,9 +9,14 @@ import pytest
 
 from kvcheck.engines import ENGINES
 from kvcheck.engines.gen import Stats
+from kvcheck.engines import guided as G
+from kvcheck.engines.gen import RandomDrawer
 from kvcheck.engines.guided import (MUTATIONS, Entry, Guided, change_argument, change_config,
-                                    derive, pick, shape, step_features)
-from kvcheck.engines.walk import walk
+                                    derive, effect_features, pick, plan_traits, shape,
+                                    step_features)
+from kvcheck.engines.walk import draw_plan, plan_rng, walk
+from spec.model import step
+from spec.state import initial_state
 from spec import ops as O
 from spec.config import Config
 from spec.ops import cross_field_error
@@ -40,7 +45,7 @@ def _campaign(n, seed=3):
 
 def test_corpus_grows_and_sequences_are_derived_reproducibly():
     g, seqs = _campaign(60)
-    assert g.corpus and g.derived > 5
+    assert g.corpus and g.derived > 0.4 * G.MUTATE_SHARE * (60 - G.WARMUP)
     assert all(s.failure is None for s in seqs)
     g2, seqs2 = _campaign(60)
     assert [(s.cfg, s.ops) for s in seqs] == [(s.cfg, s.ops) for s in seqs2]
@@ -102,3 +107,79 @@ def test_corpus_entries_found_something_new_and_rare_ones_are_picked_more():
     rng = random.Random(0)
     picks = [pick(corpus, rng) for _ in range(400)]
     assert picks.count(rare) > 100         # half by rarity (~1/1.2 of those), half recent
+
+
+def test_a_drawn_plan_runs_the_walk_engines_own_sequence_and_observe_changes_nothing():
+    seen = []
+    for i in range(6):
+        own = walk(4, i, None, "spec", Stats())
+        plan = draw_plan(RandomDrawer(plan_rng(4, i)))
+        assert plan.cfg == own.cfg
+        got = walk(4, i, None, "spec", Stats(), plan=plan,
+                   observe=lambda b, op, out, a, paths: seen.append((b, op, out, a)))
+        assert got.ops == own.ops and got.cfg == own.cfg
+        assert [x[1] for x in seen[-len(got.ops):]] == got.ops if got.ops else True
+    assert all(b is not a and step(b, op)[1] == out for b, op, out, a in seen)
+    assert len(seen) == sum(len(walk(4, i, None, "spec", Stats()).ops) for i in range(6))
+
+
+def test_fresh_walks_preview_plans_and_run_the_one_with_the_rarest_traits(monkeypatch):
+    g = Guided(7, "spec")
+    first = g.preview(0, None)
+    own = draw_plan(RandomDrawer(plan_rng(7, 0)))
+    assert first.cfg == own.cfg and first.weights == own.weights, "a tie keeps the walk's own"
+    plans = [draw_plan(RandomDrawer(plan_rng(7, 1, f"plan{k}" if k else ""))) for k in range(4)]
+    g.traits.clear()
+    for p in plans[:3]:                     # every trait of three plans seen many times
+        g.traits.update({t: 50 for t in plan_traits(p)})
+    assert g.preview(1, None).cfg == plans[3].cfg
+    monkeypatch.setattr(G, "PREVIEW", 1)
+    assert g.preview(1, None).cfg == plans[0].cfg
+
+
+def test_previewed_fresh_walks_spread_over_more_traits_than_the_walks_own():
+    g = Guided(0, "spec")
+    guided = [g.preview(i, None) for i in range(24)]
+    own = [draw_plan(RandomDrawer(plan_rng(0, i))) for i in range(24)]
+
+    def spread(plans):
+        return len({t for p in plans for t in plan_traits(p)})
+    assert spread(guided) > spread(own) + 5
+
+
+def test_effect_features_name_pages_taken_a_full_pool_and_the_page_boundary():
+    cfg = Config(page_size=4, num_pages=2, num_rows=2)
+    s0 = initial_state(cfg)
+    s1, out1 = step(s0, O.SubmitRequest(1, (1, 2, 3, 4, 5), 4, None))
+    s2, out2 = step(s1, O.Schedule(1))
+    feats = effect_features("sh", s1, O.Schedule(1), out2, s2)
+    assert f"schedule:{out2}:pages-1:2" in feats                  # two pages taken
+    assert f"schedule:{out2}:queued>prefill" in feats or f"schedule:{out2}:queued>decode" in feats
+    assert any(f.startswith(f"P4|schedule:{out2}:c+1") for f in feats)   # 5 tokens: one past
+    assert f"sh|schedule:{out2}:kv-full" in feats                 # both pages in use
+    quiet = effect_features("sh", s0, O.SubmitRequest(1, (1, 2, 3, 4, 5), 4, None), out1, s1)
+    assert not any("full" in f for f in quiet) and f"submit_request:{out1}:pages0:0" in quiet
+
+
+def test_derived_sequences_keep_their_parents_configuration():
+    g, _ = _campaign(30)
+    assert "config" not in G.DERIVE_MUTATIONS
+    parents = {e.cfg for e in g.corpus}
+    rng = random.Random(1)
+    for how in G.DERIVE_MUTATIONS:
+        for _ in range(20):
+            cfg, _, _ = derive(how, g.corpus, rng, Config(page_size=2, num_pages=9))
+            assert cfg in parents, how
+
+
+def test_bench_coverage_reads_tune_settings_and_prints_no_found_lines_unless_verbose(tmp_path,
+                                                                                   capfd):
+    from benchmarks.bench_coverage import TUNE, first_report, parse_settings
+    assert parse_settings("PREVIEW=1,DERIVE_MUTATIONS=('extend','swap')") == {
+        "PREVIEW": 1, "DERIVE_MUTATIONS": ("extend", "swap")}
+    assert all(hasattr(G, k) for spec in TUNE for k in parse_settings(spec))
+    _, seqs = first_report("free_no_page_dedup", "guided", 0, 20, tmp_path / "a")
+    assert seqs < 20
+    assert "FOUND" not in capfd.readouterr().err
+    first_report("free_no_page_dedup", "guided", 0, 20, tmp_path / "b", verbose=True)
+    assert "FOUND" in capfd.readouterr().err

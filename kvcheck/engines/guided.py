@@ -4,27 +4,38 @@ engine, as AFL and HypoFuzz do.
 The novelty signal is the spec's own record of each step, not a tracer: the operation
 and its outcome, under the configuration's shape, after the previous step's outcome,
 with its arguments' classes, and each named PATH (retract-retry, `_free_tail` frees,
-...) it took (`step_features`). It costs nothing measurable (coverage.py's branch
-tracing cost about 1.6x per sequence) and is the same for every backend, a release
-included. A corpus keeps every sequence that showed a feature no earlier one showed.
+...) it took (`step_features`); and the step's effects on the spec's state, read through
+the walk's `observe` hook (`effect_features`: pages taken or freed, a pool left full,
+lengths against the page boundary, the request's phase change). It costs little
+(coverage.py's branch tracing cost about 1.6x per sequence) and is the same for every
+backend, a release included. A corpus keeps every sequence that showed a feature no
+earlier one showed.
 
-The first WARMUP sequences are the walk engine's own (most planted faults fall in them,
-found at the walk engine's speed). After them, MUTATE_SHARE of the sequences are
-derived from the corpus (an entry picked by rarity, AFL's energy: 1 / the fewest
+Fresh walks are spread (`Guided.preview`): PREVIEW plans are drawn for the index (the
+walk engine's own first; a plan is the configuration, the length and the swarm,
+`walk.draw_plan`), and the one whose traits (`plan_traits`) earlier fresh walks ran least
+often is run. Measured (docs/coverage.md), this is where guided's lead in branches comes
+from: a fresh walk in an untried configuration reaches more new code than a variation of
+a known sequence.
+
+The first WARMUP sequences are never derived. After them, MUTATE_SHARE of the sequences
+are derived from the corpus (an entry picked by rarity, AFL's energy: 1 / the fewest
 sequences that showed one of the features it found first; or one of the latest), the
-rest are fresh walks. A derived sequence is one of:
+rest are fresh walks. A derived sequence keeps its parent's configuration and is one of
+DERIVE_MUTATIONS:
 
   extend   the first half or more of a corpus sequence, then more random steps;
   splice   the head of one corpus sequence, then the tail of another;
   argument a corpus sequence with one operation's argument changed (and a few of the
            operations after it);
   swap     a corpus sequence with two neighbouring operations swapped (same);
-  config   a corpus sequence under its configuration with one field drawn afresh;
 
-each replayed through the walk (an operation the spec does not enable at its point is
-left out) and continued by it. Sequence `index` of campaign `seed` is a pure function of
-(seed, index, the sequences before it in this process): one worker replays a campaign
-exactly; N workers each keep their own corpus.
+("config", a corpus sequence under its configuration with one field drawn afresh, is
+in MUTATIONS but not drawn: see DERIVE_MUTATIONS) each replayed through the walk (an
+operation the spec does not enable at its point is left out) and continued by it.
+Sequence `index` of campaign `seed` is a pure function of (seed, index, the sequences
+before it in this process): one worker replays a campaign exactly; N workers each keep
+their own corpus.
 """
 from __future__ import annotations
 
@@ -34,12 +45,19 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from kvcheck.engines.gen import RandomDrawer, Stats, draw_config
-from kvcheck.engines.walk import Sequence, walk
+from kvcheck.engines.gen import ARGS, RandomDrawer, Stats, draw_config
+from kvcheck.engines.walk import BASE_WEIGHTS, Plan, Sequence, draw_plan, plan_rng, walk
 from spec import ops as O
 
-MUTATE_SHARE = 0.3
+MUTATE_SHARE = 0.15
 MUTATIONS = ("extend", "splice", "argument", "swap", "config")
+DERIVE_MUTATIONS = ("extend", "splice", "argument", "swap")
+"""The mutations a derived sequence is drawn with: "config" is left out (a derived
+sequence keeps its parent's configuration; fresh walks spread the configurations)."""
+PREVIEW = 4
+"""Fresh walks: plans previewed per sequence (the walk's own first), the rarest run."""
+EFFECTS = True
+"""Novelty from the steps' effects (`effect_features`) besides their names and paths."""
 RECENT = 16
 WARMUP = 8
 EXTRA_STEPS = (4, 8, 16)
@@ -75,6 +93,43 @@ def step_features(sh: str, op: O.Op, outcome: str, paths, prev: str) -> list:
                     if f.name not in ("rid", "sid", "token"))
     return [here, f"{sh}|{here}", f"{prev}>{here}", f"{sh}|{here}({args})",
             *(f"path:{p}" for p in paths), *(f"{sh}|path:{p}" for p in paths)]
+
+
+def _cls(n: int, P: int) -> str:
+    """A length's place against the page boundary: 0, aligned, one past, one short, inside."""
+    if n == 0:
+        return "0"
+    r = n % P
+    return "a" if r == 0 else "+1" if r == 1 else "-1" if r == P - 1 else "m"
+
+
+def effect_features(sh: str, before, op: O.Op, outcome: str, after) -> list:
+    """The features of one step's effects on the spec's state: pages taken or given back
+    (and how many), a pool left full (KV pages, rows, SWA, Mamba), the radix tree grown
+    or shrunk, the request's phase change and where its committed and allocated lengths
+    end against a page boundary, and evictable KV left or not."""
+    cfg, here = after.cfg, f"{op.name}:{outcome}"
+    dp = len(after.free_pages) - len(before.free_pages)
+    out = [f"{here}:pages{(dp > 0) - (dp < 0)}:{_bucket(abs(dp))}",
+           f"{here}:nodes{(len(after.nodes) > len(before.nodes)) - (len(after.nodes) < len(before.nodes))}",
+           f"{here}:evictable{bool(after.evictable_size)}"]
+    if not after.free_pages:
+        out.append(f"{sh}|{here}:kv-full")
+    if not after.free_rows:
+        out.append(f"{here}:rows-full")
+    if cfg.swa_window and not after.swa_free_pages:
+        out.append(f"{sh}|{here}:swa-full")
+    if cfg.mamba_slots and not after.mamba_free_slots:
+        out.append(f"{sh}|{here}:mamba-full")
+    rid = getattr(op, "rid", None)
+    if rid is not None:
+        rb, ra = before.reqs.get(rid), after.reqs.get(rid)
+        out.append(f"{here}:{rb.phase if rb else '-'}>{ra.phase if ra else '-'}")
+        if ra is not None:
+            P = cfg.page_size
+            out.append(f"P{P}|{here}:c{_cls(ra.committed, P)}:a{_cls(ra.allocated, P)}"
+                       f":over{_bucket(ra.allocated - ra.committed)}")
+    return out
 
 
 @dataclass
@@ -190,6 +245,25 @@ def derive(how: str, corpus: list, rng: random.Random, fresh_cfg=None) -> tuple:
     return cfg, ops, len(ops) + extra
 
 
+def plan_traits(plan) -> list:
+    """What a fresh walk's plan sets apart (its configuration's fields, its length, the
+    operations its swarm leaves out or leans on): a previewed plan whose traits were
+    run least often is the one run (fresh walks spread over the configurations)."""
+    cfg = plan.cfg
+    out = [f"{f}={getattr(cfg, f)}" for f in TRAIT_FIELDS]
+    out += [shape(cfg), f"length={plan.length}"]
+    for n in ARGS:
+        w = plan.weights.get(n)
+        out.append(f"{n}:off" if w is None else
+                   f"{n}:{'low' if w < BASE_WEIGHTS.get(n, 1.0) else 'high'}")
+    return out
+
+
+TRAIT_FIELDS = ("page_size", "num_rows", "chunk_size", "spec_enabled", "overlap", "era",
+                "need_sort", "debug_mode", "mamba_extra_buffer", "prefill_aware_swa",
+                "disable_radix_cache", "swa_eviction_interval")
+
+
 class Guided:
     """One campaign's corpus and feedback (the features seen) in this process."""
 
@@ -198,24 +272,34 @@ class Guided:
         self.corpus: list = []
         self.hits: Counter = Counter()      # feature -> sequences that showed it
         self.found: list = []               # per corpus entry, the features it found first
+        self.traits: Counter = Counter()    # plan trait -> fresh walks run with it
         self.derived = 0
 
     def run(self, index: int, factory: Optional[Callable], bname: str, stats: Stats,
             config_kw: Optional[dict] = None, skip: Optional[Callable] = None) -> Sequence:
         rng = random.Random(f"kvcheck-guided:{self.seed}:{index}")
         local = StepStats()
-        kw = dict(config_kw=config_kw, skip=skip)
+        effects: set = set()
+        observe = None
+        if EFFECTS:
+            sh_of = {}
+
+            def observe(before, op, outcome, after, paths):
+                sh = sh_of.get(after.cfg) or sh_of.setdefault(after.cfg, shape(after.cfg))
+                effects.update(effect_features(sh, before, op, outcome, after))
+        kw = dict(config_kw=config_kw, skip=skip, observe=observe)
         if self.corpus and index >= WARMUP and rng.random() < MUTATE_SHARE:
-            how = rng.choice(MUTATIONS)
+            how = rng.choice(DERIVE_MUTATIONS)
             fresh = draw_config(RandomDrawer(rng), **(config_kw or {}))
             cfg, script, length = derive(how, self.corpus, rng, fresh)
             self.derived += 1
             seq = walk(self.seed, index, factory, bname, local, cfg=cfg, script=script,
                        rng_tag=how, length=length, **kw)
         else:
-            seq = walk(self.seed, index, factory, bname, local, **kw)
+            seq = walk(self.seed, index, factory, bname, local,
+                       plan=self.preview(index, config_kw), **kw)
         stats.merge(local)
-        feats = local.features(seq.cfg)
+        feats = local.features(seq.cfg) | effects
         new = feats - self.hits.keys()
         self.hits.update(feats)
         if new and seq.failure is None and len(self.corpus) < MAX_CORPUS:
@@ -223,6 +307,22 @@ class Guided:
             self.found.append(new)
         self._rescore()
         return seq
+
+    def preview(self, index: int, config_kw: Optional[dict]) -> Plan:
+        """The plan of a fresh walk: of PREVIEW plans drawn for this index (the walk
+        engine's own first), the one whose traits fresh walks ran least often (the sum of
+        1 / (1 + runs) over its traits; a tie keeps the earlier, so sequence 0 is the
+        walk's own)."""
+        best, best_score, best_traits = None, -1.0, ()
+        for k in range(PREVIEW):
+            plan = draw_plan(RandomDrawer(plan_rng(self.seed, index, f"plan{k}" if k else "")),
+                             config_kw)
+            traits = plan_traits(plan)
+            score = sum(1.0 / (1 + self.traits[t]) for t in traits)
+            if score > best_score:
+                best, best_score, best_traits = plan, score, traits
+        self.traits.update(best_traits)
+        return best
 
     def _rescore(self) -> None:
         for e, new in zip(self.corpus, self.found):

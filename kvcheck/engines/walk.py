@@ -55,6 +55,32 @@ def sequence_rng(seed: int, index: int) -> random.Random:
     return random.Random(f"kvcheck-walk:{seed}:{index}")
 
 
+def plan_rng(seed: int, index: int, tag: str = "") -> random.Random:
+    """The random source of sequence `index`, or of its variant `tag` (the guided engine's
+    derived sequences and previewed fresh walks): the plan is drawn from it first, then
+    the operations."""
+    return sequence_rng(seed, index) if not tag else random.Random(
+        f"kvcheck-walk:{seed}:{index}:{tag}")
+
+
+@dataclass
+class Plan:
+    """What a sequence draws before its first operation: its configuration, its length,
+    its swarm (op name -> weight), and the drawer its operations come from next. The
+    guided engine previews several before it runs one."""
+    d: RandomDrawer
+    cfg: Config
+    length: int
+    weights: dict
+
+
+def draw_plan(d: RandomDrawer, config_kw: Optional[dict] = None) -> Plan:
+    """A sequence's plan, drawn from `d` (the same draws, in the same order, as ever)."""
+    cfg = draw_config(d, **(config_kw or {}))
+    length = d.choice(LENGTHS, "length")
+    return Plan(d, cfg, length, draw_swarm(d, ARGS))
+
+
 def draw_swarm(d: Drawer, names) -> dict:
     """Op name -> weight for one sequence: each non-core op left out one time in four,
     every weight scaled by a random factor."""
@@ -66,25 +92,30 @@ def draw_swarm(d: Drawer, names) -> dict:
     return weights
 
 
+Observer = Callable[[object, object, str, object, tuple], None]
+"""observe(state before, op, outcome, state after, paths): called after each step that
+both sides ran (the guided engine reads the step's effects from it)."""
+
+
 def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
          stats: Stats, *, config_kw: Optional[dict] = None,
          skip: Optional[Callable] = None, cfg: Optional[Config] = None,
          script: Optional[list] = None, rng_tag: str = "",
-         length: Optional[int] = None) -> Sequence:
+         length: Optional[int] = None, plan: Optional[Plan] = None,
+         observe: Optional[Observer] = None) -> Sequence:
     """Run sequence `index` of campaign `seed` until its length or its first failure.
     `cfg` and `script` (the guided engine, kvcheck.engines.guided): the configuration to
     use and operations to apply first, each one the spec does not enable left out; the
     walk goes on from there (to `length` steps in all). `rng_tag` names another random
-    source for the same index."""
-    d = RandomDrawer(sequence_rng(seed, index) if not rng_tag else
-                     random.Random(f"kvcheck-walk:{seed}:{index}:{rng_tag}"))
-    drawn = draw_config(d, **(config_kw or {}))
-    cfg = cfg or drawn
-    drawn_length = d.choice(LENGTHS, "length")
-    weights = draw_swarm(d, ARGS)
+    source for the same index; `plan`: the plan already drawn from it (`draw_plan`).
+    `observe`: see Observer (None: nothing is called, nothing is kept)."""
+    if plan is None:
+        plan = draw_plan(RandomDrawer(plan_rng(seed, index, rng_tag)), config_kw)
+    d, weights = plan.d, plan.weights
+    cfg = cfg or plan.cfg
     pick = weighted_pick(list(weights), list(weights.values()), d.rng)
     script = list(script or ())
-    length = max(length or drawn_length, len(script))
+    length = max(length or plan.length, len(script))
     next_id = [max([1] + [getattr(o, a, 0) for o in script for a in ("rid", "sid")])]
 
     def fresh() -> int:
@@ -106,11 +137,14 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
                 continue
             seq.ops.append(op)
             paths = paths_of(lock.state, op)
+            before = lock.state
             rec, fail = lock.apply(op)
             if fail is not None:
                 seq.failure = fail
                 return seq
             stats.record(op, rec.outcome, paths)
+            if observe is not None:
+                observe(before, op, rec.outcome, lock.state, paths)
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()
