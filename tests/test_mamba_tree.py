@@ -169,3 +169,23 @@ def test_cow_guard_refuses_a_schedule_that_could_assert():
     s = run(cfg, [O.SubmitRequest(3, P5 + (6,), 2)], s)
     why = refusal(s, O.Schedule(3))
     assert s.mamba_free_slots == [] and why and "copy-on-write" in why
+
+
+# -- spec vs impl ------------------------------------------------------------------------------
+
+def test_spec_and_impl_agree_on_drawn_mamba_tree_configs():
+    from adapters.impl import ImplBackend
+    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.walk import walk
+    stats = Stats()
+    for i in range(30):
+        seq = walk(13, i, ImplBackend, "impl", stats, config_kw={
+            "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
+        assert seq.cfg.mamba_tree and seq.failure is None, seq.failure and seq.failure.render()
+
+
+def test_impl_keeps_states_on_its_nodes_like_the_spec():
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    res = run_ops(MT, base_ops(), ImplBackend(MT))
+    assert res.ok, res.failure.render()

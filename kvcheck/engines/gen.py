@@ -98,14 +98,14 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
     plain or hybrid, one time in TREE_OFF_ONE_IN; drawn last, so the rest of the config
     draws as before. Other eras and an already disabled tree draw nothing."""
     from dataclasses import replace
-    if cfg.era != "borrow" or cfg.disable_radix_cache:
+    if cfg.era != "borrow" or cfg.disable_radix_cache or cfg.mamba_tree:
         return cfg
     if not one_in(d, TREE_OFF_ONE_IN, "disable_radix_cache"):
         return cfg
     return replace(cfg, disable_radix_cache=True)
 
 
-HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
+HYBRID_KINDS = ("swa", "mamba", "swa+mamba", "mamba-tree")
 
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
@@ -120,6 +120,10 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     small enough to run out (a few slots, with or without track buffers)."""
     from dataclasses import replace
     P, kind = cfg.page_size, d.choice(kinds, "hybrid_kind")
+    if kind == "mamba-tree":
+        if cfg.era == "borrow":
+            return draw_mamba_tree(d, cfg)
+        kind = "mamba"                  # 0.5.15 has no tree component modelled
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
@@ -143,6 +147,15 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     if kind == "mamba-no-radix":        # 0.5.23's hybrid SSM tree keeping no Mamba state
         kw["disable_radix_cache"] = True
     return replace(cfg, **kw)
+
+
+def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
+    """0.5.23's Mamba tree component (config.mamba_tree) on a borrow-era cfg: page_size 1,
+    no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
+    2 * rows + 2 slots, so states are evicted and admissions refused."""
+    from dataclasses import replace
+    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True,
+                   mamba_slots=d.integer(2, 2 * cfg.num_rows + 2, "mamba_slots"))
 
 
 def _draw_plain_config(d: Drawer, P: int, spec_enabled: bool, era, accept) -> Config:
