@@ -91,11 +91,14 @@ def refusal(cfg, api: str):
         return ("config.swa_window: the sglang adapter drives the SWA tree on the wrapper era "
                 "(0.5.15 SWARadixCache) only, not 0.5.23's UnifiedRadixCache SWA component; "
                 "use swa_window=0 with a borrow-era release")
-    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
+    if cfg.mamba_tree and api == "flat":
+        return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
+                "component, not 0.5.15's MambaRadixCache; use a borrow-era release")
+    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache and not cfg.mamba_tree:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
-                "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "
-                "spec does not model them (adapters/sglang/hybrid.py); use "
-                "disable_radix_cache=True (a tree that keeps none) or sglang 0.5.15")
+                "with a Mamba component, which keeps Mamba states in tree nodes; use "
+                "mamba_tree=True (the component, adapters/sglang/hybrid.py) or "
+                "disable_radix_cache=True (a tree that keeps none)")
     return None
 
 
@@ -271,9 +274,11 @@ def mamba_tree_probe(cfg) -> dict:
                      lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:6])))
 
 
-def mamba_short(pool, req) -> bool:
+def mamba_short(pool, req, tree=None) -> bool:
     """The admission glue's Mamba check (the spec's `spec.hybrid.mamba_short`): the slots
-    `alloc` would take for req exceed the free ones."""
+    `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
+    `spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
+    slots and the tree's unlocked states (`mamba_evictable_size`)."""
     alloc = getattr(pool, "mamba_allocator", None)
     if alloc is None:
         return False
@@ -281,7 +286,46 @@ def mamba_short(pool, req) -> bool:
     n = 1 if kv.mamba_pool_idx is None else 0
     if pool.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
         n += 1 if pool.enable_mamba_extra_buffer_lazy else pool.mamba_ping_pong_track_buffer_size
+    if tree is not None:
+        return n + 1 > alloc.available_size() + int(tree.mamba_evictable_size())
     return n > alloc.available_size()
+
+
+def revert_cow(pool, req) -> None:
+    """0.5.23 `Scheduler.get_new_batch_prefill` for a request `add_one_req` did not add
+    (scheduler.py l.4284-4297, inline there): the staged copy-on-write is dropped and a
+    request without a session frees the slot `finalize_match_result_in_cache` gave it."""
+    kv = kv_record(req)
+    kv.mamba_cow_src_index = None
+    kv.mamba_needs_clear = False
+    if kv.holds_mamba and not getattr(req, "session", None):
+        pool.mamba_allocator.free(kv.mamba_pool_idx.unsqueeze(-1))
+        kv.mamba_pool_idx = None
+
+
+def release_queued_mamba(req, cache) -> None:
+    """0.5.23 `Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache"
+    (scheduler.py l.5716-5721): a popped request holding a Mamba state is released,
+    `release_kv_cache(req, checkpoint=False)`, which frees a copy-on-write slot held
+    without a row (the `not holds_kv` branch). Driven for that case only: a queued turn
+    that borrows its slot's record (holds_kv) would go through `claim_kv_row` ->
+    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree")."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+    kv = kv_record(req)
+    if kv.holds_mamba and not kv.holds_kv:
+        release_kv_cache(req, cache, checkpoint=False)
+
+
+def node_mamba(cfg, node) -> dict:
+    """A 0.5.23 tree node's NodeView Mamba fields (`component_data[MAMBA]`: its state,
+    its lock_ref), as `spec.view.node_mamba_view` gives them; {} without a Mamba tree."""
+    if not cfg.mamba_tree:
+        return {}
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from spec.view import node_mamba_view
+    data = node.component_data[ComponentType.MAMBA]
+    value = None if data.value is None else int(data.value.reshape(-1)[0].item())
+    return node_mamba_view(value, int(data.lock_ref))
 
 
 def mamba_refs(holder) -> tuple:
