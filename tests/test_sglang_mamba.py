@@ -193,3 +193,19 @@ def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
                    length=48, skip=known_findings("sglang:0.5.23"), config_kw={
                        "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
         assert seq.cfg.mamba_tree and seq.failure is None, seq.failure.render()
+
+
+@pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "tree_off"])
+def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
+    """Finding M2: on 0.5.23 a queued turn that borrowed its slot's record and is aborted
+    by the client is finished through `release_kv_cache(checkpoint=False)` ->
+    `try_cache_finished_req` -> `finish_req`: the session's checkpoint becomes the aborted
+    turn, whose never-prefilled tokens (4, 5) the next turn's prompt then carries."""
+    _need_0523()
+    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="borrow",
+                 mamba_slots=6, mamba_tree=tree, disable_radix_cache=not tree)
+    r = queued_borrowed_abort_probe(cfg, "0.5.23")
+    assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
+    assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
+    assert r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]

@@ -136,6 +136,10 @@ def mamba_tree_probe(cfg: Config, version: str) -> dict:
     return _probe("mamba_tree_probe", cfg, version)
 
 
+def queued_borrowed_abort_probe(cfg: Config, version: str) -> dict:
+    return _probe("queued_borrowed_abort_probe", cfg, version)
+
+
 class SglangProxy:
     """Backend protocol over a served sglang venv."""
 
