@@ -87,6 +87,8 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
     cfg = _draw_plain_config(d, P, spec_enabled, era, accept)
     if not (hybrid is False or (hybrid is None and not one_in(d, 3, "hybrid"))):
         cfg = draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
+        if not hybrid_kinds:
+            cfg = draw_mamba_tree_in(d, cfg)
     return draw_tree_off(d, cfg) if tree_off else cfg
 
 
@@ -105,7 +107,11 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
     return replace(cfg, disable_radix_cache=True)
 
 
-HYBRID_KINDS = ("swa", "mamba", "swa+mamba", "mamba-tree")
+HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
+"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds) only when
+named, and by default one borrow-era Mamba-only config in MAMBA_TREE_ONE_IN
+(`draw_mamba_tree_in`)."""
+MAMBA_TREE_ONE_IN = 2
 
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
@@ -149,12 +155,23 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     return replace(cfg, **kw)
 
 
+def draw_mamba_tree_in(d: Drawer, cfg: Config) -> Config:
+    """0.5.23's Mamba tree on a borrow-era Mamba-only cfg, one time in MAMBA_TREE_ONE_IN;
+    drawn after the rest of the config (as `draw_tree_off`), so every other config draws
+    as before."""
+    if cfg.era != "borrow" or not cfg.mamba_slots or cfg.swa_window or cfg.disable_radix_cache:
+        return cfg
+    if not one_in(d, MAMBA_TREE_ONE_IN, "mamba_tree"):
+        return cfg
+    return draw_mamba_tree(d, cfg)
+
+
 def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
     """0.5.23's Mamba tree component (config.mamba_tree) on a borrow-era cfg: page_size 1,
     no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
     2 * rows + 2 slots, so states are evicted and admissions refused."""
     from dataclasses import replace
-    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True,
+    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True, mamba_extra_buffer="off",
                    mamba_slots=d.integer(2, 2 * cfg.num_rows + 2, "mamba_slots"))
 
 
