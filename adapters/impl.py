@@ -8,6 +8,7 @@ import torch
 
 from impl.checks import Snapshot, concrete_findings, leak_check, snapshot
 from impl.mamba import mamba_refs
+from impl.mamba_tree import mamba_view
 from impl.radix_cache import TreeNode
 from impl.scheduler import Scheduler
 from impl.streaming_session import _VirtualNode
@@ -40,7 +41,7 @@ class ImplBackend:
             swa_eviction_interval=cfg.swa_eviction_interval, mamba_slots=cfg.mamba_slots,
             prefill_aware_swa=cfg.prefill_aware_swa,
             mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
-            disable_radix_cache=cfg.disable_radix_cache,
+            disable_radix_cache=cfg.disable_radix_cache, mamba_tree=cfg.mamba_tree,
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------
@@ -125,7 +126,7 @@ class ImplBackend:
             parent = () if n.parent is root else paths.get(id(n.parent)) or n.parent.path()
             nodes.append(NodeView(path=path, parent=parent,
                                   pages=tuple(vals[k * P] // P for k in range(len(n.key) // P)),
-                                  lock_ref=n.lock_ref))
+                                  lock_ref=n.lock_ref, **mamba_view(n)))
         # unlocked childless nodes, read off the tree (not through evict()'s own
         # candidate test, whose planted fault the eviction step is there to catch)
         nodes = with_lru_ranks(nodes, {path: n.last_access_tick for n, path, _ in snap.nodes

@@ -90,6 +90,9 @@ FAULTS: dict[str, str] = {
         "0.5.23 free_swa_out_of_window_slots starts at the cursor, not max(cursor, swa_dead_lo): tree-owned SWA KV freed",
     "swa_dead_range_past_cursor":
         "0.5.23 free_kv_row_segments ends the full-side-only range a page past swa_evicted_seqlen: live SWA KV leaks (E1: swa.peer_released)",
+    "mamba_donate_when_node_has_state":
+        "0.5.23 Mamba tree: a finished request whose insert ends on a node that already has a state "
+        "drops its own as if donated instead of free_mamba_cache: the slot leaks (I44)",
     "swa_dead_lo_ignores_floor":
         "0.5.23 ReqKvInfo.swa_dead_lo ignores swa_evict_floor (prefill-aware SWA): window eviction frees the prompt's SWA KV (D1)",
 }

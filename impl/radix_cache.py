@@ -18,7 +18,7 @@ I64 = torch.int64
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id",
-                 "evicted_path")
+                 "evicted_path", "mamba_value", "mamba_lock_ref", "mamba_tick")
     _counter = 0
 
     def __init__(self, key: tuple = (), value: Optional[torch.Tensor] = None, parent=None,
@@ -32,6 +32,11 @@ class TreeNode:
         TreeNode._counter += 1
         self.id = TreeNode._counter
         self.evicted_path = None
+        # 0.5.23's MAMBA component (impl/mamba_tree.py): the node's state, its own lock and
+        # its Mamba LRU position; a split's new upper half starts without them
+        self.mamba_value: Optional[torch.Tensor] = None
+        self.mamba_lock_ref = 0
+        self.mamba_tick = 0
 
     def path(self) -> tuple:
         """The full key from the root (kept for a node already evicted, which a queued
@@ -59,6 +64,7 @@ class RadixCache:
         self.full_only = True             # ... which only a FULL-only tree makes
         self.disable = False              # borrow era --disable-radix-cache: keeps nothing
         self.segment_frees = False        # borrow era: tree KV goes back by free_segment
+        self.mamba = None                 # MambaComponent (impl/mamba_tree.py) or None
         self.reset()
 
     def reset(self) -> None:
@@ -121,7 +127,8 @@ class RadixCache:
         values = []
         while len(key) > 0 and self._child_key(key) in node.children:
             child = node.children[self._child_key(key)]
-            child.last_access_tick = t
+            if self.mamba is None:      # a Mamba tree stamps only the node the match ends on
+                child.last_access_tick = t
             plen = self._key_match(child.key, key)
             if plen < len(child.key):
                 new_node = self._split_node(child, plen)
@@ -131,11 +138,31 @@ class RadixCache:
             values.append(child.value)
             node = child
             key = key[plen:]
+        if self.mamba is not None:
+            node, values = self._mamba_match_end(node, values)
         if values:
             idx = torch.cat(values)
         else:
             idx = torch.empty(0, dtype=I64, device=self.device)
         return idx, node
+
+    def _mamba_match_end(self, node, values: list) -> tuple:
+        """0.5.23 with a Mamba component: the match ends at the deepest node with a state
+        (`create_match_validator`); `_match_post_processor` stamps it and its ancestors
+        and moves it to the Mamba MRU end."""
+        best = self.mamba.best_match_node(node)
+        depth, x = 0, best
+        while x is not self.root_node:
+            depth += 1
+            x = x.parent
+        self.tick += 1
+        x = best
+        while x is not self.root_node:
+            x.last_access_tick = self.tick
+            x = x.parent
+        if best is not self.root_node:
+            self.mamba.touch(best)
+        return best, values[:depth]
 
     def _creation_tick(self) -> int:
         """A node created by a walk: newer than the walk's stamp (`TreeNode()` reads the
@@ -156,11 +183,19 @@ class RadixCache:
         child.value = child.value[split_len:].clone()
         child.parent = new_node
         child.last_access_tick = t
+        if self.mamba is not None:      # `_split_node` re-stamps the lower half
+            child.last_access_tick = self._creation_tick()
         new_node.children[self._child_key(child.key)] = child
         return new_node
 
     def insert(self, key, value: torch.Tensor) -> int:
         """Insert key -> value; returns how much of key already existed."""
+        return self.insert_walk(key, value)[0]
+
+    def insert_walk(self, key, value: torch.Tensor) -> tuple:
+        """`insert`'s walk: (how much of key already existed, the node the key ends on,
+        whether that node is the new leaf). With a Mamba component an existing end node
+        is re-stamped (`commit_insert_component_data`)."""
         key = tuple(key)
         self.tick += 1
         t = self.tick
@@ -180,12 +215,27 @@ class RadixCache:
                             tick=self._creation_tick())
             node.children[self._child_key(key)] = leaf
             self.evictable_size_ += len(key)
-        return total_prefix
+            return total_prefix, leaf, True
+        if self.mamba is not None and node is not self.root_node:
+            node.last_access_tick = self._creation_tick()
+        return total_prefix, node, False
+
+    def path_indices(self, node) -> torch.Tensor:
+        """`path_device_indices`: the KV indices from the root down to node."""
+        parts = []
+        while node is not self.root_node:
+            parts.append(node.value)
+            node = node.parent
+        if not parts:
+            return torch.empty(0, dtype=I64, device=self.device)
+        return torch.cat(parts[::-1])
 
     # -- locks ------------------------------------------------------------------------
     def inc_lock_ref(self, node) -> None:
         if not isinstance(node, TreeNode):
             return
+        if self.mamba is not None and node is not self.root_node:
+            node.mamba_lock_ref += 1        # MAMBA: the anchor node's own state only
         while node is not self.root_node:
             assert node.parent is not None, "holds a node from another tree"
             if node.lock_ref == 0:
@@ -197,6 +247,8 @@ class RadixCache:
     def dec_lock_ref(self, node) -> None:
         if not isinstance(node, TreeNode):
             return
+        if self.mamba is not None and node is not self.root_node:
+            node.mamba_lock_ref -= 1
         while node is not self.root_node:
             assert node.parent is not None, "holds a node from another tree"
             if node.lock_ref == 1:
@@ -218,23 +270,33 @@ class RadixCache:
         while evicted < num_tokens and candidates:
             vid = min(candidates, key=lambda i: (candidates[i].last_access_tick, paths[i]))
             x = candidates.pop(vid)
-            self.free_tree_kv(x.value)
             evicted += len(x.key)
             parent = x.parent
-            del parent.children[self._child_key(x.key)]
-            self.evictable_size_ -= len(x.key)
-            x.evicted_path = paths[vid]
-            x.parent = None
+            self.delete_leaf(x, paths[vid])
             if self._is_candidate(parent):
                 candidates[parent.id] = parent
                 paths[parent.id] = parent.path()
         return evicted
+
+    def delete_leaf(self, x: TreeNode, path: Optional[tuple] = None) -> None:
+        """`_delete_leaf`: the leaf's KV (and its Mamba state) go back; it leaves the tree."""
+        path = x.path() if path is None else path
+        self.free_tree_kv(x.value)
+        if self.mamba is not None:
+            self.mamba.evict_component(x)
+        del x.parent.children[self._child_key(x.key)]
+        self.evictable_size_ -= len(x.key)
+        x.evicted_path = path
+        x.parent = None
 
     # -- request caching (inner radix paths) ----------------------------------------------
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         """Insert the page-aligned fill_ids[:end]; free duplicates; re-match; rewrite the
         row; move the lock; cache_protected_len = len(new_indices). Disabled: nothing."""
         if self.disable:
+            return
+        if self.mamba is not None:
+            self.mamba.checkpoint(req, finished=False)
             return
         end = req.pop_committed_kv_cache() if "unfinished_pops_committed" in faults.ACTIVE \
             else req.kv_committed_len
@@ -271,6 +333,11 @@ class RadixCache:
     def cache_finished_req(self, req, is_insert: bool = True) -> None:
         """Insert (or not) the page-aligned committed prefix, free duplicates and the
         unaligned tail [len(keys), committed), drop the request's lock."""
+        if is_insert and self.mamba is not None and not self.disable:
+            self.mamba.checkpoint(req, finished=True)
+            self.dec_lock_ref(req.last_node)
+            req.lock_held = False
+            return
         committed = req.pop_committed_kv_cache()
         if "finished_keys_past_committed" in faults.ACTIVE:
             committed = len(req.fill_ids)

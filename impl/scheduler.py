@@ -20,6 +20,7 @@ from impl.radix_cache import RadixCache
 from impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
 from impl.session_controller import SessionController
 from impl.mamba import HybridReqToTokenPool
+from impl.mamba_tree import MambaComponent
 from impl.streaming_session import StreamingSession
 from impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
                       set_swa_evict_floor, swa_eviction_due, swa_lock_boundary)
@@ -53,7 +54,7 @@ class Scheduler:
                  swa_window: int = 0, swa_num_pages: Optional[int] = None,
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
                  mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
-                 prefill_aware_swa: bool = False):
+                 prefill_aware_swa: bool = False, mamba_tree: bool = False):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -90,6 +91,8 @@ class Scheduler:
             self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
                                           page_size, self.device)
         self.radix_cache.disable = disable_radix_cache
+        if mamba_tree:                  # 0.5.23's MAMBA tree component (impl/mamba_tree.py)
+            self.radix_cache.mamba = MambaComponent(self.radix_cache)
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
@@ -203,24 +206,27 @@ class Scheduler:
         prefix_len = len(prefix_indices)
         # admission (PrefillAdder)
         if not admit:
-            return "rejected"
+            return self._rejected(req)
         if req.req_pool_idx is None and self.req_to_token_pool.available_size() < 1:
-            return "rejected"
-        if self._mamba_short(req):
+            return self._rejected(req)
+        if self.radix_cache.mamba is None and self._mamba_short(req):
             return "rejected"
         end = chunk_end(prefix_len, input_len, self.chunk_size, self.page_size)
         self.tree_cache.inc_lock_ref(last_node)
         was_held, req.lock_held = req.lock_held, True   # the budget is read under the lock
         if self.swa_window:
             req.swa_uuid_for_lock = swa_lock_boundary(self.radix_cache, last_node)
-        if not self._extend_fits(prefix_len, end):
+        if not self._extend_fits(prefix_len, end) or self._mamba_tree_short(req):
             self.tree_cache.dec_lock_ref(last_node)
             req.lock_held = was_held
-            return "rejected"
+            return self._rejected(req)
         if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
                 getattr(req.session, "session_id", None)), "virtual_node", False):
             req.lock_held = False          # locking a virtual node holds nothing
         req.is_retracted = False
+        if self.radix_cache.mamba is not None:
+            self.radix_cache.mamba.ensure_mamba_capacity(
+                self.req_to_token_pool.mamba_slots_needed(req))
         if not common.alloc_for_extend(self, req, prefix_len, end):
             raise RuntimeError(f"req {rid}: alloc_for_extend failed after admission")
         set_swa_evict_floor(self, req)
@@ -281,6 +287,24 @@ class Scheduler:
         req.output_ids.append(token)
         self._check_finished(req)
         return "ok"
+
+    def _rejected(self, req: Req) -> str:
+        """A request the round does not add: with a Mamba tree, `get_new_batch_prefill`
+        frees the copy-on-write slot of a request without a session."""
+        if self.radix_cache.mamba is not None and req.session is None and \
+                req.mamba_pool_idx is not None:
+            self.req_to_token_pool.free_mamba_cache(req)
+        return "rejected"
+
+    def _mamba_tree_short(self, req: Req) -> bool:
+        """kvcheck's admission glue with a Mamba tree (spec.mamba_tree.admission_short):
+        the slots `alloc` takes plus the checkpoint copy, from free and evictable states."""
+        mamba = self.radix_cache.mamba
+        if mamba is None:
+            return False
+        pool = self.req_to_token_pool
+        return pool.mamba_slots_needed(req) + 1 > \
+            pool.mamba_allocator.available_size() + mamba.evictable_size()
 
     def _mamba_short(self, req: Req) -> bool:
         """Admission needs the Mamba slots the row allocation will take."""
@@ -361,6 +385,9 @@ class Scheduler:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
+        if self.radix_cache.mamba is not None and req.req_pool_idx is None and \
+                req.mamba_pool_idx is not None:     # release_kv_cache(checkpoint=False)
+            self.req_to_token_pool.free_mamba_cache(req)
         self._retire(req, session)
         return "ok"
 

@@ -149,6 +149,8 @@ class StreamingSession:
         if res is not None:
             return res
         idx, node = self.inner.match_prefix(key)
+        if getattr(self.inner, "mamba", None) is not None:
+            self.inner.mamba.finalize_match_result_in_cache(req, node)
         return idx, node, len(idx)
 
     # -- finish ------------------------------------------------------------------------

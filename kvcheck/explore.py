@@ -121,6 +121,16 @@ HYBRID_BORROW_SCOPE = _scope(
 on its slot's record; Mamba state and one eager track entry per request."""
 
 
+MAMBA_TREE_SCOPE = _scope(
+    "mamba-tree", dict(page_size=1, num_pages=8, num_rows=2, max_context_len=16, era="borrow",
+                       mamba_slots=4, mamba_tree=True),
+    sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 3)), max_new=(2,),
+    evict=(1,), max_depth=9)
+"""0.5.23's Mamba tree component (spec/mamba_tree.py): per-node states with their own lock
+and LRU, the copy-on-write at a match, the checkpoint copy, the donation at finish, and a
+4-slot pool small enough that a checkpoint copy or an admission evicts states."""
+
+
 PRESETS: dict[str, tuple] = {
     # `make check`: three scopes (the second covers spec decode, borrow era and chunking, the
     # third hybrid models); ~20 s + ~8 s on one core.
@@ -138,6 +148,8 @@ PRESETS: dict[str, tuple] = {
     ),
     # hybrid models (spec/hybrid.py) alone
     "hybrid": (HYBRID_SCOPE, HYBRID_BORROW_SCOPE),
+    # 0.5.23's Mamba tree component alone
+    "mamba-tree": (MAMBA_TREE_SCOPE,),
     # the tests' scope: small enough that the unreduced run finishes too
     "tiny": (
         _scope("tiny", dict(page_size=2, num_pages=3, num_rows=2, max_context_len=16, overlap=True),
@@ -406,12 +418,19 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
     def uuid(a):
         return None if a is None else _path_of(s, a[1])
 
+    tree = ()
+    if s.cfg.mamba_tree:                # per node: its state (labelled first), Mamba lock, LRU rank
+        held = sorted((n.path, n) for n in dict.values(s.nodes) if n.mamba_value is not None
+                      or n.mamba_lock_ref)
+        mrank = {t: i for i, t in enumerate(sorted({n.mamba_tick for _, n in held}))}
+        tree = tuple((pth, None if n.mamba_value is None else mamba.setdefault(n.mamba_value, len(mamba)),
+                      n.mamba_lock_ref, mrank[n.mamba_tick]) for pth, n in held)
     reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx, uuid(r.swa_uuid_for_lock),
                   ml(r), r.swa_evict_floor) for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
     slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t), t.swa_evict_floor)
                   for sid, t in sorted(s.slots.items(), key=lambda x: sid_l[x[0]]))
     return (smap, len(s.swa_free_pages), reqs, slots, len(s.mamba_free_slots),
-            s.forward_iter % s.cfg.swa_eviction_interval)
+            s.forward_iter % s.cfg.swa_eviction_interval) + ((tree,) if tree else ())
 
 
 def _path_of(s: State, nid: int) -> tuple:

@@ -10,7 +10,7 @@ obligation here is: never answer True on a state where the reference finds a vio
 tests/test_fast_invariants.py compares both verdicts on every state of `check-overlap`,
 of the hybrid preset and of planted spec defects.
 
-Covered: the ids in `COVERED` (every state invariant today, the hybrid pools' I40-I45
+Covered: the ids in `COVERED` (every state invariant today, the hybrid pools' I40-I46
 included). A state invariant this module does not know (one added to spec/ since) makes
 `applies` false, and the explorer then asks the reference for every state.
 """
@@ -21,7 +21,7 @@ from spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
                      "I14", "I15", "I17", "I20", "I22", "I24", "I26", "I27",
-                     "I40", "I41", "I42", "I43", "I44", "I45"})
+                     "I40", "I41", "I42", "I43", "I44", "I45", "I46"})
 
 
 def applies(cfg, state_invariant_ids) -> bool:
@@ -243,8 +243,13 @@ def _clean(s: State) -> bool:
                 return False
     if cfg.swa_window and cfg.swa_pages and not _swa_clean(s, tree, owners, free_set, P):
         return False
-    if cfg.mamba_slots and not _mamba_clean(s, reqs, slots, owners):
+    if cfg.mamba_slots and not _mamba_clean(s, reqs, slots, owners, tree):
         return False
+    if cfg.mamba_tree:                                                  # I46
+        for n in tree:
+            if n.mamba_lock_ref > n.lock_ref or \
+                    n.mamba_lock_ref != sum(1 for a in anchors if a == n.path):
+                return False
     return True
 
 
@@ -281,13 +286,16 @@ def _swa_clean(s: State, tree, owners: dict, free_set: set, P: int) -> bool:
     return len(swa_free) * P + in_tree + held == n_swa * P
 
 
-def _mamba_clean(s: State, reqs, slots: dict, owners: dict) -> bool:
+def _mamba_clean(s: State, reqs, slots: dict, owners: dict, tree) -> bool:
     """I44, I45 (the Mamba pool): each slot free or held by one owner (a slot and the
-    request borrowing its row are one owner with one set of references), never the
-    sentinel or the dummy, none leaked; the accounting identity."""
+    request borrowing its row are one owner with one set of references; a tree node; a
+    queued request's copy-on-write slot), never the sentinel or the dummy, none leaked;
+    the accounting identity."""
     n_mamba = s.cfg.mamba_slots
     free = s.mamba_free_slots
     placed = list(free)
+    placed += [n.mamba_value for n in tree if n.mamba_value is not None]
+    placed += [m for r in reqs if r.row is None for m in mamba_refs(r) if m != -1]
     for _, _, _, hs in owners.values():                                 # I44
         refs = ()
         for h in hs:
@@ -307,9 +315,10 @@ def _mamba_clean(s: State, reqs, slots: dict, owners: dict) -> bool:
         if not (type(m) is int and 1 <= m <= n_mamba):
             return False
     rows = {r.row for r in reqs if r.row is not None}                   # I45
-    in_reqs = sum(1 for r in reqs if r.row is not None for m in mamba_refs(r) if m != -1)
+    in_reqs = sum(1 for r in reqs for m in mamba_refs(r) if m != -1)
     held = sum(1 for t in slots.values() if t.row not in rows for m in mamba_refs(t) if m != -1)
-    return len(free) + in_reqs + held == n_mamba
+    in_tree = sum(1 for n in tree if n.mamba_value is not None)
+    return len(free) + in_tree + in_reqs + held == n_mamba
 
 
 def _prefix_is_path(nodes, by_path, h, rp, anchor, P) -> bool:

@@ -29,6 +29,8 @@ class NodeView:
     lock_ref: int
     lru_rank: Optional[int] = None   # eviction order among the evictable leaves (0 goes
                                      # first; equal priorities share a rank); None: not one
+    mamba: tuple = ()      # config.mamba_tree: the node's Mamba state slot; () a tombstone
+    mamba_lock_ref: int = 0          # its own Mamba lock (component_data[MAMBA].lock_ref)
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ def canonical(s: AbstractState) -> AbstractState:
 
 def _canonical_hybrid(out: AbstractState, s: AbstractState, pages: dict) -> AbstractState:
     """Rename SWA pages by the renamed full page that maps to them, and Mamba slots by
-    first appearance (requests by rid, then slots); -1 (an unallocated track entry) and
+    first appearance (tree nodes by path, requests by rid, then slots); -1 (an unallocated track entry) and
     0 (the reserved dummy) keep their value."""
     swa: dict = {}
     for full, w in sorted(s.swa_map, key=lambda x: (pages.get(x[0], 0), x[1])):
@@ -159,9 +161,11 @@ def _canonical_hybrid(out: AbstractState, s: AbstractState, pages: dict) -> Abst
             mamba[m] = len(mamba) - 1
         return mamba[m]
 
+    nodes = tuple(_with(n, mamba=tuple(ml(m) for m in n.mamba)) if n.mamba else n
+                  for n in out.nodes)
     reqs = tuple(_with(r, mamba=tuple(ml(m) for m in r.mamba)) for r in out.reqs)
     slots = tuple(_with(t, mamba=tuple(ml(m) for m in t.mamba)) for t in out.slots)
-    return _with(out, reqs=reqs, slots=slots,
+    return _with(out, nodes=nodes, reqs=reqs, slots=slots,
                  swa_map=tuple(sorted((pages.get(f, f), swa[w]) for f, w in s.swa_map)),
                  swa_free_pages=tuple(sorted(swa.get(w, 0) for w in s.swa_free_pages)),
                  mamba_free=tuple(sorted(mamba.get(m, -2) for m in s.mamba_free)))

@@ -36,7 +36,7 @@ MambaExtraBuffer = Literal["off", "eager", "lazy"]
 HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
                    "mamba_slots": 0, "mamba_extra_buffer": "off", "prefill_aware_swa": False}
 """The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
-TREE_DEFAULTS = {"disable_radix_cache": False}
+TREE_DEFAULTS = {"disable_radix_cache": False, "mamba_tree": False}
 """The tree's settings at their default: a trace omits them at these values."""
 ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
 """The KV allocator's settings and the values traces written before them ran with: a
@@ -90,6 +90,13 @@ class Config:
     release frees the whole row; the streaming slots work as with the tree on (0.5.15
     builds a `ChunkCache` instead: not modelled). A hybrid SSM model's tree then keeps
     no Mamba state (adapters/sglang/hybrid.py)."""
+    mamba_tree: bool = False
+    """0.5.23's `UnifiedRadixCache` MAMBA component (borrow era, with `mamba_slots`): tree
+    nodes keep Mamba states (spec/mamba_tree.py). Off: the tree keeps none and a plain
+    release frees the request's state (the pairing kvcheck drove before; not a production
+    one with the radix cache on, adapters/sglang/hybrid.py). Needs page_size 1, no extra
+    buffer (upstream asserts page 1 without it), no chunked prefill and no SWA (not
+    modelled together)."""
     need_sort: bool = True
     """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
     and sorted into `free_pages` when an allocation runs short (upstream sets it under
@@ -163,7 +170,26 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
     if cfg.disable_radix_cache and cfg.era != "borrow":
         return ("config.disable_radix_cache needs era='borrow' (0.5.15's disabled cache is a "
                 "ChunkCache, which kvcheck does not model)")
+    if cfg.mamba_tree:
+        why = _mamba_tree_error(cfg)
+        if why:
+            return f"config.mamba_tree needs {why}"
     if cfg.mamba_extra_buffer == "lazy" and cfg.spec_enabled:
         return ("config.mamba_extra_buffer 'lazy' with spec_enabled: upstream refuses it "
                 "(server_args: extra_buffer_lazy unsupported with spec); use 'eager' or 'off'")
+    return None
+
+
+def _mamba_tree_error(cfg: "Config") -> Optional[str]:
+    """The first setting that config.mamba_tree cannot run with, or None."""
+    for bad, why in ((cfg.era != "borrow", "era='borrow' (0.5.15's MambaRadixCache is not modelled)"),
+                     (not cfg.mamba_slots, "config.mamba_slots >= 1"),
+                     (cfg.disable_radix_cache, "disable_radix_cache=False (a disabled tree keeps no state)"),
+                     (cfg.page_size != 1, "page_size 1 (MambaComponent asserts it without the extra buffer)"),
+                     (cfg.mamba_extra_buffer != "off", "mamba_extra_buffer 'off' (the track buffers' "
+                      "checkpoint seqlens are set by the forward, not modelled)"),
+                     (cfg.chunk_size is not None, "chunk_size None (chunked checkpoints not modelled)"),
+                     (cfg.swa_window != 0, "swa_window 0 (SWA and Mamba components together not modelled)")):
+        if bad:
+            return why
     return None

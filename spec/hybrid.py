@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 
+from spec import mamba_tree
 from spec.pages import ceil_align, floor_align, row_pages
 from spec.state import Req, Slot, State
 
@@ -414,7 +415,10 @@ def mamba_needed(s: State, req: Req) -> int:
 
 
 def mamba_short(s: State, req: Req) -> bool:
-    """Admission is refused when the Mamba pool cannot give req its slots."""
+    """Admission is refused when the Mamba pool cannot give req its slots (under the
+    Mamba tree: `mamba_tree.admission_short`, evictable states counted)."""
+    if s.cfg.mamba_tree:
+        return mamba_tree.admission_short(s, mamba_needed(s, req))
     return mamba_needed(s, req) > len(s.mamba_free_slots)
 
 

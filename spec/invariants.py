@@ -543,6 +543,8 @@ def mamba_slots_conserved(s: AbstractState, cfg: Config):
             out.append(_v(mamba_slots_conserved, f"Mamba slot {m} is in the free list {n} times "
                           "(freed twice)", "MambaSlotAllocator"))
         places.setdefault(m, []).append("free list")
+    for owner, m in _mamba_off_row(s):
+        places.setdefault(m, []).append(owner)
     for owner, (refs, hs) in _mamba_owners(s).items():
         if any(h.mamba and h.mamba != refs for h in hs):
             out.append(_v(mamba_slots_conserved, "a slot and the request borrowing its row hold "
@@ -570,19 +572,54 @@ def mamba_slots_conserved(s: AbstractState, cfg: Config):
     return out
 
 
-@invariant("I45", "Mamba accounting identity available + held by requests + session_held_mamba_slots == size")
+def _mamba_off_row(s: AbstractState) -> list:
+    """(owner, slot) of every Mamba state held outside a row: a tree node's
+    (config.mamba_tree), and a queued request's copy-on-write slot, taken at its match
+    before it has a row (kept across a rejected admission by a streaming turn)."""
+    out = [(f"node {list(n.path)}", m) for n in s.nodes for m in n.mamba]
+    out += [(_req(r), m) for r in s.reqs if r.row is None for m in r.mamba if m != -1]
+    return out
+
+
+@invariant("I45", "Mamba accounting identity available + evictable + protected + held by requests + session_held_mamba_slots == size")
 def mamba_accounting(s: AbstractState, cfg: Config):
     if not s.mamba_slots:
         return []
     active_rows = {r.row for r in s.reqs if r.row is not None}
-    in_reqs = sum(1 for r in s.reqs if r.row is not None for m in r.mamba if m != -1)
+    in_reqs = sum(1 for r in s.reqs for m in r.mamba if m != -1)   # a queued one's copy too
     held = sum(1 for t in s.slots if t.row not in active_rows for m in t.mamba if m != -1)
-    got = len(s.mamba_free) + in_reqs + held
+    evictable = sum(1 for n in s.nodes if n.mamba and not n.mamba_lock_ref)
+    protected = sum(1 for n in s.nodes if n.mamba and n.mamba_lock_ref)
+    got = len(s.mamba_free) + evictable + protected + in_reqs + held
     if got != s.mamba_slots:
-        return [_v(mamba_accounting, f"available {len(s.mamba_free)} + held by requests {in_reqs} "
-                   f"+ session_held_mamba_slots {held} = {got} != size {s.mamba_slots}",
+        return [_v(mamba_accounting, f"available {len(s.mamba_free)} + evictable {evictable} + "
+                   f"protected {protected} + held by requests {in_reqs} + "
+                   f"session_held_mamba_slots {held} = {got} != size {s.mamba_slots}",
                    "MambaSlotAllocator")]
     return []
+
+
+@invariant("I46", "a node's Mamba lock_ref equals the holders anchored on it, never above its full lock_ref")
+def mamba_tree_locks(s: AbstractState, cfg: Config):
+    """0.5.23 with a Mamba tree component: `inc_lock_ref` locks the anchor node's own state
+    (tombstone or not) beside the full KV up the path; `UnifiedTreeCore.sanity_check`
+    asserts `lock_ref >= 0` and `full_lock >= mamba_lock` per node."""
+    if cfg is None or not cfg.mamba_tree:
+        return []
+    anchors = [(_req(r), r.anchor[1]) for r in s.reqs
+               if r.locked and r.anchor and r.anchor[0] == "node"]
+    anchors += [(_slot(t), t.last_node[1]) for t in s.slots if t.last_node and t.last_node[0] == "node"]
+    out = []
+    for n in s.nodes:
+        holders = [name for name, path in anchors if path == n.path]
+        if n.mamba_lock_ref != len(holders):
+            out.append(_v(mamba_tree_locks, f"Mamba lock_ref {n.mamba_lock_ref} but {len(holders)} "
+                          f"holder(s) anchored on it{': ' + ', '.join(holders) if holders else ''}",
+                          f"node {list(n.path)}"))
+        if n.mamba_lock_ref > n.lock_ref:
+            out.append(_v(mamba_tree_locks, f"Mamba lock_ref {n.mamba_lock_ref} > full lock_ref "
+                          f"{n.lock_ref}", f"node {list(n.path)}"))
+    return out
 
 
 # ---------------------------------------------------------------------------

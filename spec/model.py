@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from spec import hybrid
+from spec import hybrid, mamba_tree
 from spec import ops as O
 from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
                         pages_needed_extend, restore_prefix_len, row_pages)
@@ -154,7 +154,11 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     child.parent = new.id
     new.children[_page_key(s, child.key, 0)] = child_id
     hybrid.move_swa_uuid(s, child_id, new.id)
-    if hybrid.swa_tree_on(s):   # SWARadixCache: the lower half is re-stamped, after the upper
+    if mamba_tree.on(s):
+        mamba_tree.split(new)
+    if hybrid.swa_tree_on(s) or mamba_tree.on(s):
+        # SWARadixCache, and 0.5.23's `_split_node` with a Mamba component (whose match
+        # stamps only the node it ends on): the lower half is re-stamped, after the upper
         child.tick = _creation_tick(s)
     return new.id
 
@@ -263,6 +267,8 @@ def inc_lock_ref(s: State, anchor) -> None:
     if anchor is None or anchor[0] != "node":
         return
     nid = anchor[1]
+    if mamba_tree.on(s) and nid != ROOT:
+        s.nodes[nid].mamba_lock_ref += 1    # MAMBA `acquire_component_lock`: this node only
     while nid != ROOT:
         n = s.nodes[nid]
         if n.lock_ref == 0:
@@ -276,6 +282,8 @@ def dec_lock_ref(s: State, anchor) -> None:
     if anchor is None or anchor[0] != "node":
         return
     nid = anchor[1]
+    if mamba_tree.on(s) and nid != ROOT:
+        s.nodes[nid].mamba_lock_ref -= 1
     while nid != ROOT:
         n = s.nodes[nid]
         if n.lock_ref == 1:
@@ -317,8 +325,11 @@ def _evict_full(s: State, num_tokens: int) -> tuple:
 
 
 def _delete_node(s: State, leaf: Node) -> int:
-    """`_delete_leaf`: an unlocked childless node's pages go back; it leaves the tree."""
+    """`_delete_leaf`: an unlocked childless node's pages go back (and its Mamba state:
+    `_release_all_component_layers`); it leaves the tree."""
     _free_pages(s, leaf.pages)
+    if leaf.mamba_value is not None:    # leaf may be a shared read: free, do not mutate it
+        mamba_tree.free_slot(s, leaf.mamba_value)
     parent = s.nodes[leaf.parent]
     del parent.children[_page_key(s, leaf.key, 0)]
     del s.nodes[leaf.id]
@@ -353,6 +364,35 @@ def _evict_swa(s: State, num_tokens: int) -> None:
             parent = s.nodes[parent.parent]
 
 
+def evict_mamba(s: State, num: int) -> None:
+    """0.5.23 `evict_for_alloc(EvictParams(mamba_num=num))` with a Mamba component
+    (`MambaComponent._evict_device_next_node`): from the least recent state without a
+    Mamba lock, an unlocked device leaf is deleted whole (`evict_device_leaf`), any other
+    node loses only its state; one state each, until num are freed or none is left."""
+    freed = 0
+    while freed < num:
+        cands = mamba_tree.evictable(s)
+        if not cands:
+            return
+        x = s.nodes[min(cands, key=lambda n: n.mamba_tick).id]
+        if not x.children and x.lock_ref == 0:
+            _delete_node(s, x)
+        else:
+            mamba_tree.drop_state(s, x)
+        freed += 1
+
+
+def alloc_mamba_slot(s: State, where: str) -> int:
+    """`MambaComponent._alloc_mamba_slot`: one slot, evicting one state when the pool is
+    empty; upstream asserts "Can not alloc mamba cache" when that finds none."""
+    if not s.mamba_free_slots:
+        evict_mamba(s, 1)
+    m = mamba_tree.alloc_slot(s)
+    if m is None:
+        raise ModelError(f"{where}: Can not alloc mamba cache")
+    return m
+
+
 def evict_from_tree_cache(s: State, n: int) -> None:
     """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
     if s.cfg.era == "borrow":
@@ -380,6 +420,9 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     (`checkpoint_into_tree`: `if self.disable`) keeps nothing and moves no lock."""
     if s.cfg.disable_radix_cache:
         return
+    if mamba_tree.on(s):
+        _checkpoint_mamba_tree(s, req, finished=False)
+        return
     P = s.cfg.page_size
     row = s.rows[req.row]
     keys_len = floor_align(req.committed, P)
@@ -401,6 +444,66 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     hybrid.note_swa_lock(s, req)
 
 
+def insert_mamba(s: State, key: tuple, pages: list, value: int) -> tuple[int, int, bool]:
+    """`UnifiedRadixCache.insert` with a Mamba component (P = 1): the walk, a new leaf
+    for the suffix, then `commit_insert_component_data` on the node the key ends on (an
+    existing one is re-stamped). Returns (that node, the length that existed,
+    mamba_exist)."""
+    if not key:                         # `begin_insert`: an empty key commits nothing
+        return ROOT, 0, True
+    nid, i, _ = _walk(s, key)
+    new_leaf = i < len(key)
+    if new_leaf:
+        nid = _add_node(s, nid, key, i, tuple(pages[i:len(key)]))
+    node = s.nodes[nid]
+    if not new_leaf:
+        node.tick = _creation_tick(s)
+    return nid, i, mamba_tree.commit_insert(s, node, new_leaf, value)
+
+
+def _path_pages(s: State, nid: int) -> list:
+    """`path_device_indices`: the pages from the root down to nid."""
+    out = []
+    while nid != ROOT:
+        n = dict.__getitem__(s.nodes, nid)
+        out[:0] = n.pages
+        nid = n.parent
+    return out
+
+
+def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
+    """0.5.23 `checkpoint_into_tree` with a Mamba component (P = 1, no extra buffer): the
+    state offered to the tree is a copy in a fresh slot (unfinished) or the request's own
+    (finished: donated); the insert keys [0, committed), the duplicates of
+    [protected, existing) are freed, the lock moves to the node the key ends on, and
+    `cleanup_after_caching_req` frees what the node did not take."""
+    if finished:
+        value = req.mamba_pool_idx
+        if value is None:
+            raise ModelError(f"prepare_for_caching_req: finished req {req.rid} holds no "
+                             "Mamba state to donate")
+    else:
+        value = alloc_mamba_slot(s, "prepare_for_caching_req")   # copy_from(req's state)
+    keys_len = req.committed
+    row = s.rows[req.row]
+    nid, new_prefix_len, exist = insert_mamba(s, req.fill_ids[:keys_len], row[:keys_len], value)
+    if new_prefix_len > req.protected:
+        _free_row_range(s, req.row, req.protected, new_prefix_len)
+    row[req.protected:keys_len] = _path_pages(s, nid)[req.protected:]
+    dec_lock_ref(s, req.last_node)
+    req.last_node = ("node", nid)
+    inc_lock_ref(s, req.last_node)
+    req.locked = True
+    req.protected = keys_len
+    if not finished:
+        if exist:
+            mamba_tree.free_slot(s, value)
+    elif exist:
+        hybrid.free_mamba(s, req)       # `free_mamba_cache`: the node kept its own
+    else:
+        req.mamba_pool_idx = None       # the node owns it now (upstream leaves the ref)
+
+
 def _split_at_prompt(s: State, req: Req, keys_len: int) -> None:
     """Borrow era (`checkpoint_into_tree`), a FULL-only tree (`hybrid.prompt_split_on`): a
     second insert of the page-aligned prompt splits the inserted path at the prompt
@@ -417,6 +520,12 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     P = s.cfg.page_size
     committed = req.committed
     req.committed_freed = True                      # pop_committed_kv_cache
+    if is_insert and mamba_tree.on(s):
+        _checkpoint_mamba_tree(s, req, finished=True)
+        if req.locked:
+            dec_lock_ref(s, req.last_node)
+            req.locked = False
+        return
     keys_len = floor_align(committed, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
@@ -726,6 +835,12 @@ def _match(s: State, req: Req) -> int:
         req.protected = slot.protected
         req.prefix_len = prefix_len
         return prefix_len
+    if mamba_tree.on(s):
+        nid, pages = _match_mamba_tree(s, req)
+        req.last_node = ("node", nid)
+        req.protected = req.prefix_len = len(pages)
+        req.prefix_pages = tuple(pages)
+        return req.prefix_len
     swa_tree = hybrid.swa_tree_on(s)
     nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
@@ -740,6 +855,43 @@ def _match(s: State, req: Req) -> int:
     return req.prefix_len
 
 
+def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
+    """0.5.23 `_match_tree` with a Mamba component (P = 1): the walk splits but stamps
+    nothing; the match ends at the deepest node with a state, which `_match_post_processor`
+    stamps with its ancestors and moves to the Mamba MRU end; `finalize_match_result_in_cache`
+    copies its state into a fresh slot for a request that holds none (evicting one state
+    with the node locked when the pool is empty)."""
+    last, _, pages = _walk(s, req.fill_ids[:_key_limit(req)], stamp=False)
+    best = mamba_tree.best_node(s, last)
+    s.tick += 1
+    nid = best
+    while nid != ROOT:
+        n = s.nodes[nid]
+        n.tick = s.tick
+        nid = n.parent
+    if best == ROOT:
+        return ROOT, []
+    node = s.nodes[best]
+    mamba_tree.touch(s, node)
+    if req.mamba_pool_idx is None:
+        if not s.mamba_free_slots:
+            inc_lock_ref(s, ("node", best))
+            evict_mamba(s, 1)
+            dec_lock_ref(s, ("node", best))
+        m = mamba_tree.alloc_slot(s)
+        if m is None:
+            raise ModelError("finalize_match_result_in_cache: Can not alloc mamba cache")
+        req.mamba_pool_idx = m
+    return best, pages[:len(node.path)]
+
+
+def _mamba_revert_cow(s: State, req: Req) -> None:
+    """A request the round does not add: `get_new_batch_prefill` frees the copy-on-write
+    slot of a request without a session ("revert matched mamba idx")."""
+    if mamba_tree.on(s) and req.session is None and req.mamba_pool_idx is not None:
+        hybrid.free_mamba(s, req)
+
+
 def _new_tokens_needed(s: State, prefix: int, end: int) -> int:
     P = s.cfg.page_size
     return pages_needed_extend(prefix, end, P) * P
@@ -748,6 +900,7 @@ def _new_tokens_needed(s: State, prefix: int, end: int) -> int:
 def _schedule(s: State, req: Req, admit: bool) -> str:
     prefix = _match(s, req)
     if not admit:
+        _mamba_revert_cow(s, req)
         return "rejected"
     inc_lock_ref(s, req.last_node)
     was_locked, req.locked = req.locked, True   # the budget is read under the lock
@@ -758,6 +911,7 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
             hybrid.swa_admission_short(s, _new_tokens_needed(s, prefix, end)):
         dec_lock_ref(s, req.last_node)
         req.locked = was_locked
+        _mamba_revert_cow(s, req)
         return "rejected"
     if s.cfg.era == "borrow" and req.last_node == ("virtual", req.session):
         req.locked = False              # cache.lock(virtual node) is None: nothing held
@@ -768,6 +922,10 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     elif not (req.committed > 0):
         raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
                          f"with kv_committed_len=0 and no chunk in flight")
+    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity`
+        short = hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)
+        if short > 0:
+            evict_mamba(s, short)
     hybrid.alloc_mamba(s, req)
     if not _alloc_extend(s, req.row, prefix, end):
         raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
@@ -968,6 +1126,8 @@ def _abort_queued(s: State, req: Req) -> None:
             return
         _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
+    if mamba_tree.on(s) and req.row is None and req.mamba_pool_idx is not None:
+        hybrid.free_mamba(s, req)       # `abort_request`: release_kv_cache(checkpoint=False)
     del s.reqs[req.rid]
 
 
@@ -1106,7 +1266,9 @@ def refusal(s: State, op: O.Op) -> Optional[str]:
         return None if op.num_tokens >= 1 else "evict needs num_tokens >= 1"
     if req is None:
         return f"request {rid} does not exist (never submitted, or already finished)"
-    if isinstance(op, (O.Schedule, O.AbortQueued)):
+    if isinstance(op, O.Schedule):
+        return _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
+    if isinstance(op, O.AbortQueued):
         return _phase_refusal(req, ("queued",))
     if isinstance(op, O.QueueReject):
         # at the queue door: not matched since it (re-)entered the queue (over-approximated:

@@ -139,6 +139,11 @@ class Node:
     tick: int = 0               # last access (deterministic LRU clock)
     path: tuple = ()            # the full key from the root: fixed for the node's life (a
                                 # split gives the new upper half its own; the lower keeps it)
+    # 0.5.23's MAMBA tree component (config.mamba_tree; spec/mamba_tree.py)
+    mamba_value: Optional[int] = None   # component_data[MAMBA].value: one Mamba slot, or
+                                        # None (a Mamba tombstone: KV kept, ends no match)
+    mamba_lock_ref: int = 0     # component_data[MAMBA].lock_ref: the node's own state only
+    mamba_tick: int = 0         # position in the Mamba LRU list (larger: more recent)
 
     def copy(self) -> "Node":
         n = object.__new__(Node)
@@ -258,6 +263,7 @@ class State:
     full_to_swa_index_mapping: dict = field(default_factory=dict)
     mamba_free_slots: list = field(default_factory=list)
     forward_iter: int = 0
+    mamba_clock: int = 0        # the Mamba LRU's clock (spec/mamba_tree.py)
 
     def clone(self) -> "State":
         """A copy that shares every entity copy-on-write (see `CowMap`); from here on

@@ -34,7 +34,8 @@ def abstract(s: State) -> AbstractState:
     cfg = s.cfg
     tree = dict(s.nodes)            # reads through plain snapshots: no copy-on-write
     nodes = tuple(sorted(
-        with_lru_ranks((NodeView(n.path, tree[n.parent].path, n.pages, n.lock_ref)
+        with_lru_ranks((NodeView(n.path, tree[n.parent].path, n.pages, n.lock_ref,
+                                 **node_mamba_view(n.mamba_value, n.mamba_lock_ref))
                         for n in tree.values() if n.id != ROOT),
                        {n.path: n.tick for n in evictable_leaves(s)}),
         key=lambda v: v.path))
@@ -74,6 +75,14 @@ def abstract(s: State) -> AbstractState:
         evictable_size=s.evictable_size, protected_size=s.protected_size,
         content=build_content(cfg.page_size, nodes, reqs, slots, read),
         **hybrid_view(s))
+
+
+def node_mamba_view(value, lock_ref: int) -> dict:
+    """A node's NodeView Mamba fields (config.mamba_tree); {} for a node with neither, so
+    views without a Mamba tree are unchanged."""
+    if value is None and not lock_ref:
+        return {}
+    return dict(mamba=() if value is None else (value,), mamba_lock_ref=lock_ref)
 
 
 def hybrid_view(s: State) -> dict:

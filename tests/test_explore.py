@@ -224,7 +224,7 @@ def _snapshot(s) -> str:
                  sorted(s.full_to_swa_index_mapping.items()), s.mamba_free_slots, s.forward_iter))
 
 
-@pytest.mark.parametrize("preset", ["tiny", "hybrid"])
+@pytest.mark.parametrize("preset", ["tiny", "hybrid", "mamba-tree"])
 def test_a_step_never_mutates_its_argument(preset):
     """Copy-on-write (spec.state.CowMap): on every state of the preset (depth-bounded),
     every enabled operation leaves the state it was applied to exactly as it was, and two
@@ -249,7 +249,7 @@ def test_a_step_never_mutates_its_argument(preset):
     assert checked > 1000
 
 
-@pytest.mark.parametrize("preset", ["tiny", "hybrid"])
+@pytest.mark.parametrize("preset", ["tiny", "hybrid", "mamba-tree"])
 def test_clone_copies_every_mutable_field(preset):
     """State.clone copies field for field: every list, dict and CowMap of the clone is its
     own (a field added to State later is covered without naming it here)."""
@@ -266,7 +266,7 @@ def test_clone_copies_every_mutable_field(preset):
             assert a is not b, f"State.clone shares the field {f}"
 
 
-@pytest.mark.parametrize("preset", ["tiny", "hybrid"])
+@pytest.mark.parametrize("preset", ["tiny", "hybrid", "mamba-tree"])
 def test_tree_key_memo_matches_a_fresh_key(preset):
     """state_key reuses the tree's key fragment kept on the node map (CowMap._memo) when a
     step touched no node; on every successor of the preset (depth-bounded), with and

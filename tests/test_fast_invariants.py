@@ -39,7 +39,7 @@ def test_fast_path_covers_every_state_invariant():
 
 @pytest.mark.parametrize("scope,depth", [(CHECK_OVERLAP, 6), (E.PRESETS["check"][1], 6),
                                          (E.PRESETS["p1"][0], 5), (E.HYBRID_SCOPE, 7),
-                                         (E.HYBRID_BORROW_SCOPE, 7)],
+                                         (E.HYBRID_BORROW_SCOPE, 7), (E.MAMBA_TREE_SCOPE, 7)],
                          ids=lambda x: getattr(x, "name", x))
 def test_same_verdict_on_every_state(scope, depth):
     states = states_of(scope, None if FULL else depth)

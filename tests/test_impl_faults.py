@@ -9,6 +9,8 @@ from spec.config import Config
 P4 = Config(page_size=4, num_pages=16, num_rows=3, max_context_len=64)
 P4_SPEC = Config(page_size=4, num_pages=16, num_rows=3, max_context_len=64, spec_enabled=True)
 P1_OVERLAP = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=64, overlap=True)
+MAMBA_TREE = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=64, era="borrow",
+                    mamba_slots=4, mamba_tree=True)
 
 
 def turn1(new=(1, 2, 3, 4, 5, 6), max_new=4, decodes=1):
@@ -37,6 +39,9 @@ SCENARIOS = {
     "abort_req_unconditional": (P4, [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2), 2),
                                      O.SubmitTurn(1, 2, (3,), 2), O.AbortQueued(2)]),
     "queued_abort_keeps_inflight": (P4, [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2), 2), O.AbortQueued(1)]),
+    # the second finish keys the same prompt, whose node already has a state
+    "mamba_donate_when_node_has_state": (MAMBA_TREE, [O.SubmitRequest(1, (1, 2, 3, 4, 5), 1), O.Schedule(1),
+                                                      O.SubmitRequest(2, (1, 2, 3, 4, 5), 1), O.Schedule(2)]),
 }
 
 

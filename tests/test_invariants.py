@@ -96,7 +96,9 @@ def test_each_state_invariant_fires(inv_id):
 
 def test_every_state_invariant_has_a_corruption_test():
     from test_hybrid import hybrid_corruptions     # I40-I45: tests/test_hybrid.py
-    assert {i.id for i in STATE_INVARIANTS} <= set(corruptions()) | set(hybrid_corruptions())
+    from test_mamba_tree import mamba_tree_corruptions     # I44-I46 on tree-held states
+    assert {i.id for i in STATE_INVARIANTS} <= \
+        set(corruptions()) | set(hybrid_corruptions()) | set(mamba_tree_corruptions())
 
 
 def test_step_invariants_fire():

@@ -140,3 +140,72 @@ def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
     finally:
         b.close()
     assert r.ok, r.failure.render()
+
+
+# -- the Mamba tree component on the real 0.5.23 (config.mamba_tree) ---------------------------
+
+MAMBA_TREE = Config(page_size=1, num_pages=24, num_rows=3, max_context_len=32, era="borrow",
+                    mamba_slots=4, mamba_tree=True)
+TREE_OPS = SHARED_PREFIX + [O.Finish(2)] + SESSION + [
+    # a plain request matched and turned down gives its copy-on-write slot back; a short
+    # pool makes the next admissions evict states (internal ones only lose theirs)
+    O.SubmitRequest(6, (7, 8, 9, 1, 4, 12, 5), 2), O.Schedule(6, admit=False),
+    O.SubmitRequest(7, (20, 21, 22), 2), O.Schedule(7), O.SubmitRequest(8, (30, 31), 2),
+    O.Schedule(8), O.Decode(7, 1), O.Finish(8), O.Evict(4)]
+
+
+def test_sglang_adapter_drives_0523_mamba_with_the_tree_component():
+    from adapters.sglang.hybrid import refusal
+    assert refusal(MAMBA_TREE, "borrow") is None
+    assert "mamba_tree=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
+    assert "0.5.15's MambaRadixCache" in refusal(MAMBA_TREE, "flat")
+
+
+def test_real_0523_mamba_tree_agrees_with_the_spec():
+    """The real `UnifiedRadixCache` with FULL + MAMBA components (tree on), step by step
+    beside the spec: states copied at checkpoints, donated at finishes (freed when the
+    node had one), the copy-on-write a match takes (given back when turned down), Mamba
+    eviction of internal states and whole leaves, the nodes' own Mamba locks."""
+    _need_0523()
+    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.checker import run_ops
+    s = initial_state(MAMBA_TREE)
+    for op in TREE_OPS:
+        s, _ = step(s, op)
+    assert any(n.mamba_value for n in s.nodes.values())
+    b = SglangProxy(MAMBA_TREE, "0.5.23")
+    try:
+        r = run_ops(MAMBA_TREE, TREE_OPS, b, backend_name=b.name)
+    finally:
+        b.close()
+    assert r.ok, r.failure.render()
+
+
+def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
+    """Six drawn mamba-tree sequences of 48 steps on the real release (about 20 s)."""
+    _need_0523()
+    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.backends import known_findings
+    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.walk import walk
+    for i in range(6):
+        seq = walk(3, i, lambda cfg: SglangProxy(cfg, "0.5.23"), "sglang:0.5.23", Stats(),
+                   length=48, skip=known_findings("sglang:0.5.23"), config_kw={
+                       "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
+        assert seq.cfg.mamba_tree and seq.failure is None, seq.failure.render()
+
+
+@pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "tree_off"])
+def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
+    """Finding M2: on 0.5.23 a queued turn that borrowed its slot's record and is aborted
+    by the client is finished through `release_kv_cache(checkpoint=False)` ->
+    `try_cache_finished_req` -> `finish_req`: the session's checkpoint becomes the aborted
+    turn, whose never-prefilled tokens (4, 5) the next turn's prompt then carries."""
+    _need_0523()
+    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="borrow",
+                 mamba_slots=6, mamba_tree=tree, disable_radix_cache=not tree)
+    r = queued_borrowed_abort_probe(cfg, "0.5.23")
+    assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
+    assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
+    assert r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]

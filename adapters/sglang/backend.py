@@ -405,22 +405,30 @@ class SglangBackend:
         req.init_next_round_input(self.cache)                 # match_prefix
         prefix = self._prefix_len(req)
         if not op.admit:
-            return "rejected"
+            return self._rejected(req)
         input_len = len(req.origin_input_ids) + len(req.output_ids)
         end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
         self._lock(L)                                         # _req_inc_lock_ref
         no_row = self._row(req) is None and self.pool.available_size() == 0
         need = pages_needed_extend(prefix, end, self.P) * self.P
-        if no_row or hybrid.mamba_short(self.pool, req) or \
+        if no_row or hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or \
                 need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0] or \
                 (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)):
             self._unlock(L)
-            return "rejected"
+            return self._rejected(req)
         self._extend(L, prefix, end)
         L.phase = "prefill"
         if end == input_len:
             self._prefill_result(L)
         return "ok"
+
+    def _rejected(self, req) -> str:
+        """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
+        matched mamba idx"): the staged copy-on-write is dropped and a request without a
+        session gives its copy-on-write slot back."""
+        if self.api != "flat" and self.cfg.mamba_tree:
+            hybrid.revert_cow(self.pool, req)
+        return "rejected"
 
     def _op_prefill_chunk(self, op):
         """The chunked request's next round: cache_unfinished_req(chunked=True), then
@@ -504,6 +512,8 @@ class SglangBackend:
         L = self.live.pop(op.rid)
         if self.api == "borrow":
             self._abort_queued_borrow(L)
+            if self.cfg.mamba_tree:
+                hybrid.release_queued_mamba(L.req, self.cache)
         return "ok"
 
     def _op_queue_reject(self, op):
@@ -820,7 +830,8 @@ class SglangBackend:
                 vals = value.tolist() if value is not None else []
                 pages = tuple(int(vals[i]) // P for i in range(0, len(vals), P))
                 out.append(NodeView(path=path, parent=paths[self._nid(n)], pages=pages,
-                                    lock_ref=self._node_lock_ref(child)))
+                                    lock_ref=self._node_lock_ref(child),
+                                    **hybrid.node_mamba(self.cfg, child)))
                 stack.append(child)
         leaves, priority = self._eviction_order()
         out = with_lru_ranks(out, {paths[self._nid(n)]: priority(n) for n in leaves})

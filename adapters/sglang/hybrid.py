@@ -22,67 +22,48 @@ the release at the first prefill of a prompt longer than the window (its checkpo
 out-of-window SWA and inserts a tombstone node and a window-capped leaf), which
 `swa_unified_probe` shows (docs/semantics.md, "SWA on the real releases").
 
-Mamba on 0.5.23 (borrow era; issue 15 item 4): driven with the radix cache disabled
-(`config.disable_radix_cache`, `--disable-radix-cache`: `UnifiedRadixCache` with FULL +
-MAMBA components and `disable` set), the one production pairing whose tree keeps no Mamba
-state; refused with the tree on (below). Driven for real: the pool, the allocator and the
-session paths (the pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots`
-and `ple_window_cache`; the refs live on `req.kv`, a `ReqKvInfo`, read through
-`kv_record`): `take` makes the turn's record the slot's (`slot.kv is req.kv`, Mamba refs
-included, from the first row allocation), `release_session` ends with `_free_slot_mamba`,
-which frees only the track entries `mamba_ping_pong_empty` marks allocated, and an
-aborted turn gets the record back and is released like a plain request, through
-`MambaComponent.cleanup_after_caching_req` (`free_mamba_cache`, keep none). Why the tree
-must be off: a hybrid SSM model always gets `UnifiedRadixCache` with a MAMBA component (`registry.py`
-`create_unified_radix_cache` l.149-169, with or without `--disable-radix-cache`), and
-with the radix cache on `release_kv_cache` (`common.py` l.400-444) no longer frees a request's Mamba
-state itself: `checkpoint_into_tree` (`unified_radix_cache.py` l.1164) lets
-`MambaComponent.prepare_for_caching_req` (`components/mamba.py` l.604-680) copy the
-request's state into a fresh slot for the node a checkpoint ends on (prefill, chunk, the
-first turn's prompt) and donate the request's own slot to the node a finished request
-ends on (`cleanup_after_caching_req` l.684-727 frees it only when the node already had
-one). With `--disable-radix-cache` (`params.disable`) `checkpoint_into_tree` returns at
-once and, for a finished request, `cleanup_after_caching_req` frees its state
-(`free_mamba_cache`), as the spec's plain release does; but the tree then matches and
-keeps nothing, which the spec and impl/ model as `config.disable_radix_cache` (match
-nothing, insert nothing, free the whole row). A FULL-only tree with the
-hybrid pool is no production pairing and leaks every plain request's slot (nothing else
-frees it). `mamba_tree_probe` runs the real pairing with the tree on,
-on the CPU (the MAMBA component constructs; `MambaPool.copy_from` is the one stand-in
-call, recorded, and `seed_server_args` gives the model's `mamba_cache_chunk_size`)
-beside the spec: the lockstep parts at the first prefill (I44 on the release: "Mamba
-slot 2 is neither free nor held", it is the tree's). With the tree off, 100 drawn
-sequences of 48 steps (`config_kw`'s `mamba-no-radix` draws, all extra-buffer modes)
-pass in lockstep (docs/semantics.md, "Where the eras differ").
+Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
+- the tree on, `config.mamba_tree`: `UnifiedRadixCache` with FULL + MAMBA components, what
+  production builds for a hybrid SSM model (`registry.py` `create_unified_radix_cache`
+  l.149-169; `seed_server_args` gives the component its `mamba_cache_chunk_size`).
+  Driven for real: the component's match (`finalize_match_result_in_cache`, the
+  copy-on-write a request takes through `init_next_round_input`), checkpoints
+  (`checkpoint_into_tree`: the copy into a fresh slot for an unfinished request, the
+  donation of a finished one's own slot, `cleanup_after_caching_req`), Mamba eviction
+  (`evict_for_alloc(mamba_num=...)` from `ensure_mamba_capacity`, `_alloc_mamba_slot` and
+  the copy-on-write), the nodes' Mamba locks and LRU. Stood in: `MambaPool.copy_from`
+  (the one state operation those paths call; recorded, no tensor). Read back
+  (`node_mamba`): each node's state and Mamba lock_ref (`component_data[MAMBA]`), beside
+  its KV and full lock; the Mamba LRU order shows only through what eviction takes.
+  Glue (the scheduler's inline code, replicated): a request `add_one_req` does not add
+  gives its copy-on-write back when it has no session (`revert_cow`); a queued abort
+  releases a state held without a row (`release_queued_mamba`); admission needs the
+  slots `alloc` takes plus the checkpoint copy from free and evictable states
+  (`mamba_short`). Not driven: the queued abort of a turn that borrows its slot's
+  record, whose `release_kv_cache(checkpoint=False)` reaches `try_cache_finished_req`
+  and runs `finish_req` (finding M2, docs/upstream-findings.md; the spec keeps the
+  record in the slot). Modelled with page_size 1, no extra buffer, no chunking, no SWA.
+- the tree off, `config.disable_radix_cache` (`--disable-radix-cache`: the same classes
+  with `disable` set, whose tree keeps no Mamba state): `take` makes the turn's record the
+  slot's (`slot.kv is req.kv`, Mamba refs included, from the first row allocation),
+  `release_session` ends with `_free_slot_mamba`, which frees only the track entries
+  `mamba_ping_pong_empty` marks allocated, and an aborted turn gets the record back and
+  is released like a plain request, through `MambaComponent.cleanup_after_caching_req`
+  (`free_mamba_cache`, keep none); all extra-buffer modes.
+The pool is built as on 0.5.15 plus 0.5.23's `mamba_initial_tracking_slots` and
+`ple_window_cache`; the refs live on `req.kv`, a `ReqKvInfo`, read through `kv_record`.
+The adapter refuses 0.5.23 Mamba with the tree on and no `mamba_tree` (a pairing whose
+tree states the spec would not model). `mamba_tree_probe` runs that refused pairing
+beside the spec without `mamba_tree` and shows where they part (the checkpoint's copy,
+I44 at the first prefill). Figures: docs/semantics.md, "Hybrid models".
 
-The Mamba tree side, on either release (what production runs, what kvcheck runs
-instead): production pairs a hybrid SSM model with `MambaRadixCache` (0.5.15, wrapped by
-`StreamingSession`) or `UnifiedRadixCache`'s MAMBA component (0.5.23). Per tree node they
-keep an optional Mamba state (`mamba_value` / `component_data[MAMBA].value`, one slot;
-a node without one is a Mamba tombstone: it keeps its KV but cannot end a match), a
-Mamba lock count beside the full one (`inc_lock_ref` locks only the node's own state,
-the full lock goes up the path), a Mamba LRU of their own and a Mamba evictable /
-protected count. A match ends at the deepest node with a state (the full-KV hit past it
-is re-prefilled); 0.5.23 then copies that state into a fresh request slot
-(`finalize_match_result_in_cache` l.196, copy-on-write, `cow_mamba` on by default). An
-allocation short of slots evicts states (`allocation.ensure_mamba_capacity`,
-`MambaComponent._alloc_mamba_slot`): internal nodes lose only their state, leaves go
-whole, and a full eviction of a leaf frees its state too. With the extra buffer the
-state a checkpoint donates is the ping-pong entry the forward tracked
-(`mamba_last_track_seqlen`, set by the scheduler's result processing at
-`mamba_track_interval` boundaries), which kvcheck's glue does not emulate. kvcheck runs
-instead a plain `RadixCache` under the real `StreamingSession` on 0.5.15 and the
-disabled `UnifiedRadixCache` on 0.5.23, over the real `HybridReqToTokenPool`, where a
-plain request's release frees its state and the tree holds none; the spec (spec/hybrid.py) models exactly that, and its
-state has no per-node Mamba field. Hidden by it: a Mamba state leaked or freed twice on
-tree paths (donation when the node already has one, the copy at a checkpoint whose
-insert added nothing, eviction of a locked or tombstoned state), Mamba lock imbalance
-(a request that locks a node with a state and unlocks after it was tombstoned), a match
-that ends on a tombstone, the copy-on-write slot a match takes (held across a rejected
-admission), and the Mamba accounting identities that count tree-held
-states (0.5.23 `SchedulerInvariantChecker` with `is_hybrid_ssm`). What stays covered:
-the pool, the allocator, and every session path that moves, shares or frees a Mamba
-ref (I44, I45; finding M1).
+On 0.5.15, production pairs a hybrid SSM model with `MambaRadixCache` under the
+`StreamingSession` wrapper; kvcheck runs a plain `RadixCache` there over the real
+`HybridReqToTokenPool` (a plain release frees the state, the tree holds none), so on
+0.5.15 a Mamba state leaked or freed twice on tree paths, Mamba lock imbalance or a
+match ending on a tombstone stay hidden; what stays covered there is the pool, the
+allocator, and every session path that moves, shares or frees a Mamba ref (I44, I45;
+finding M1).
 """
 from __future__ import annotations
 
@@ -97,11 +78,14 @@ def refusal(cfg, api: str):
                 "follow it yet (its checkpoint frees out-of-window SWA, keeps a tombstone node "
                 "and caps the live leaf at one window; docs/semantics.md); use swa_window=0 "
                 "with a borrow-era release, or sglang 0.5.15")
-    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache:
+    if cfg.mamba_tree and api == "flat":
+        return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
+                "component, not 0.5.15's MambaRadixCache; use a borrow-era release")
+    if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache and not cfg.mamba_tree:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
-                "with a Mamba component, which keeps Mamba states in tree nodes, and kvcheck's "
-                "spec does not model them (adapters/sglang/hybrid.py); use "
-                "disable_radix_cache=True (a tree that keeps none) or sglang 0.5.15")
+                "with a Mamba component, which keeps Mamba states in tree nodes; use "
+                "mamba_tree=True (the component, adapters/sglang/hybrid.py) or "
+                "disable_radix_cache=True (a tree that keeps none)")
     return None
 
 
@@ -277,9 +261,11 @@ def mamba_tree_probe(cfg) -> dict:
                      lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:6])))
 
 
-def mamba_short(pool, req) -> bool:
+def mamba_short(pool, req, tree=None) -> bool:
     """The admission glue's Mamba check (the spec's `spec.hybrid.mamba_short`): the slots
-    `alloc` would take for req exceed the free ones."""
+    `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
+    `spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
+    slots and the tree's unlocked states (`mamba_evictable_size`)."""
     alloc = getattr(pool, "mamba_allocator", None)
     if alloc is None:
         return False
@@ -287,7 +273,46 @@ def mamba_short(pool, req) -> bool:
     n = 1 if kv.mamba_pool_idx is None else 0
     if pool.enable_mamba_extra_buffer and kv.mamba_ping_pong_track_buffer is None:
         n += 1 if pool.enable_mamba_extra_buffer_lazy else pool.mamba_ping_pong_track_buffer_size
+    if tree is not None:
+        return n + 1 > alloc.available_size() + int(tree.mamba_evictable_size())
     return n > alloc.available_size()
+
+
+def revert_cow(pool, req) -> None:
+    """0.5.23 `Scheduler.get_new_batch_prefill` for a request `add_one_req` did not add
+    (scheduler.py l.4284-4297, inline there): the staged copy-on-write is dropped and a
+    request without a session frees the slot `finalize_match_result_in_cache` gave it."""
+    kv = kv_record(req)
+    kv.mamba_cow_src_index = None
+    kv.mamba_needs_clear = False
+    if kv.holds_mamba and not getattr(req, "session", None):
+        pool.mamba_allocator.free(kv.mamba_pool_idx.unsqueeze(-1))
+        kv.mamba_pool_idx = None
+
+
+def release_queued_mamba(req, cache) -> None:
+    """0.5.23 `Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache"
+    (scheduler.py l.5716-5721): a popped request holding a Mamba state is released,
+    `release_kv_cache(req, checkpoint=False)`, which frees a copy-on-write slot held
+    without a row (the `not holds_kv` branch). Driven for that case only: a queued turn
+    that borrows its slot's record (holds_kv) would go through `claim_kv_row` ->
+    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree")."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+    kv = kv_record(req)
+    if kv.holds_mamba and not kv.holds_kv:
+        release_kv_cache(req, cache, checkpoint=False)
+
+
+def node_mamba(cfg, node) -> dict:
+    """A 0.5.23 tree node's NodeView Mamba fields (`component_data[MAMBA]`: its state,
+    its lock_ref), as `spec.view.node_mamba_view` gives them; {} without a Mamba tree."""
+    if not cfg.mamba_tree:
+        return {}
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from spec.view import node_mamba_view
+    data = node.component_data[ComponentType.MAMBA]
+    value = None if data.value is None else int(data.value.reshape(-1)[0].item())
+    return node_mamba_view(value, int(data.lock_ref))
 
 
 def mamba_refs(holder) -> tuple:
@@ -305,3 +330,36 @@ def hybrid_view(cfg, pool) -> dict:
         return {}
     return dict(mamba_slots=cfg.mamba_slots,
                 mamba_free=tuple(sorted(int(m) for m in pool.mamba_allocator.free_slots.tolist())))
+
+
+def queued_borrowed_abort_probe(cfg) -> dict:
+    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23: a session's second turn
+    borrows its slot's record at the match (`try_match_prefix`: `req.kv = slot.kv`, which
+    holds a Mamba state), is turned down and stays queued; the client aborts it. Upstream's
+    `Scheduler.abort_request`, waiting-queue branch (scheduler.py l.5696-5721; inline
+    there, its calls replicated here): `_release_aborted_request` (`session.abort_req()`),
+    then, the request holding a Mamba state, `release_kv_cache(req, checkpoint=False)`,
+    whose `claim_kv_row` -> `try_cache_finished_req` sees no FINISH_ABORT on the queued
+    request and finishes it: `finish_req` makes the aborted turn the session's req_nodes.
+    Reports req_nodes before and after, and the next turn's prompt. cfg: borrow era,
+    mamba_slots, mamba_tree or disable_radix_cache."""
+    from spec import ops as O
+    from adapters.sglang.backend import SglangBackend
+    b = SglangBackend(cfg)
+    from sglang.srt.mem_cache.common import release_kv_cache
+    for op in [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.Schedule(1), O.Decode(1, 7),
+               O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:
+        b.apply(op)
+    L = b.live.pop(2)
+    req, sess = L.req, b.ctrl.get(b._sid(1))
+    slot = b.cache.session.slots[b._sid(1)]
+    out = dict(borrowed=slot.kv is req.kv, holds_kv=bool(req.kv.holds_kv),
+               holds_mamba=bool(req.kv.holds_mamba), req_nodes_before=list(sess.req_nodes))
+    b._abort_queued_borrow(L)                   # _release_aborted_request
+    if req.kv.holds_mamba:                      # "For mamba radix cache"
+        release_kv_cache(req, b.cache, checkpoint=False)
+    out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
+               slot_kept=b._sid(1) in b.cache.session.slots)
+    b.apply(O.SubmitTurn(1, 3, (6,), 2))
+    out["next_prompt"] = [int(t) for t in b.live[3].req.origin_input_ids]
+    return out

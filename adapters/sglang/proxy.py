@@ -146,6 +146,10 @@ def swa_unified_probe(cfg: Config, version: str, names=None) -> dict:
     return reply
 
 
+def queued_borrowed_abort_probe(cfg: Config, version: str) -> dict:
+    return _probe("queued_borrowed_abort_probe", cfg, version)
+
+
 class SglangProxy:
     """Backend protocol over a served sglang venv."""
 

@@ -87,7 +87,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 reply = {"outcome": outcome, **_snapshot(backend)}
             elif cmd == "state":
                 reply = _snapshot(backend)
-            elif cmd in ("swa_probe", "mamba_tree_probe"):     # adapters/sglang/hybrid.py
+            elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe"):
                 from adapters.sglang import hybrid
                 from adapters.sglang.backend import process_setup
                 cfg = Config.from_json(msg["config"])

@@ -87,6 +87,8 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
     cfg = _draw_plain_config(d, P, spec_enabled, era, accept)
     if not (hybrid is False or (hybrid is None and not one_in(d, 3, "hybrid"))):
         cfg = draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
+        if not hybrid_kinds:
+            cfg = draw_mamba_tree_in(d, cfg)
     return draw_tree_off(d, cfg) if tree_off else cfg
 
 
@@ -98,7 +100,7 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
     plain or hybrid, one time in TREE_OFF_ONE_IN; drawn last, so the rest of the config
     draws as before. Other eras and an already disabled tree draw nothing."""
     from dataclasses import replace
-    if cfg.era != "borrow" or cfg.disable_radix_cache:
+    if cfg.era != "borrow" or cfg.disable_radix_cache or cfg.mamba_tree:
         return cfg
     if not one_in(d, TREE_OFF_ONE_IN, "disable_radix_cache"):
         return cfg
@@ -106,6 +108,10 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
 
 
 HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
+"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds) only when
+named, and by default one borrow-era Mamba-only config in MAMBA_TREE_ONE_IN
+(`draw_mamba_tree_in`)."""
+MAMBA_TREE_ONE_IN = 2
 
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
@@ -120,6 +126,10 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     small enough to run out (a few slots, with or without track buffers)."""
     from dataclasses import replace
     P, kind = cfg.page_size, d.choice(kinds, "hybrid_kind")
+    if kind == "mamba-tree":
+        if cfg.era == "borrow":
+            return draw_mamba_tree(d, cfg)
+        kind = "mamba"                  # 0.5.15 has no tree component modelled
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
@@ -143,6 +153,26 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     if kind == "mamba-no-radix":        # 0.5.23's hybrid SSM tree keeping no Mamba state
         kw["disable_radix_cache"] = True
     return replace(cfg, **kw)
+
+
+def draw_mamba_tree_in(d: Drawer, cfg: Config) -> Config:
+    """0.5.23's Mamba tree on a borrow-era Mamba-only cfg, one time in MAMBA_TREE_ONE_IN;
+    drawn after the rest of the config (as `draw_tree_off`), so every other config draws
+    as before."""
+    if cfg.era != "borrow" or not cfg.mamba_slots or cfg.swa_window or cfg.disable_radix_cache:
+        return cfg
+    if not one_in(d, MAMBA_TREE_ONE_IN, "mamba_tree"):
+        return cfg
+    return draw_mamba_tree(d, cfg)
+
+
+def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
+    """0.5.23's Mamba tree component (config.mamba_tree) on a borrow-era cfg: page_size 1,
+    no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
+    2 * rows + 2 slots, so states are evicted and admissions refused."""
+    from dataclasses import replace
+    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True, mamba_extra_buffer="off",
+                   mamba_slots=d.integer(2, 2 * cfg.num_rows + 2, "mamba_slots"))
 
 
 def _draw_plain_config(d: Drawer, P: int, spec_enabled: bool, era, accept) -> Config:
