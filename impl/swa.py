@@ -150,10 +150,13 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.free_group_end()
 
 
-def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int) -> bool:
-    """Borrow era (0.5.23 `ScheduleBatch._swa_eviction_trigger`): `eviction_interval`
-    tokens have slid out of the window past the cursor."""
-    return req.seqlen - 1 - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
+def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int,
+                     pre_len: Optional[int] = None) -> bool:
+    """Borrow era (0.5.23 `ScheduleBatch._swa_eviction_trigger`, and the same test in
+    `free_swa_out_of_window_slots`): `eviction_interval` tokens have slid out of the window
+    past the cursor (pre_len: `req.seqlen - 1` unless given)."""
+    pre_len = req.seqlen - 1 if pre_len is None else pre_len
+    return pre_len - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
 
 
 def set_swa_evict_floor(sched, req) -> None:
@@ -361,6 +364,8 @@ class SWARadixCache(RadixCache):
                    if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        if not self._wrapper() and not self.disable:
+            self.free_out_of_window_slots(req, req.kv_committed_len - 1)
         self._insert_ctx = (req.cache_protected_len, 0)
         try:
             super().cache_unfinished_req(req, chunked=chunked)
@@ -375,6 +380,18 @@ class SWARadixCache(RadixCache):
             super().cache_finished_req(req, is_insert=is_insert, **kw)
         finally:
             self._insert_ctx = (0, 0)
+
+    def free_out_of_window_slots(self, req, pre_len: int) -> None:
+        """Borrow era (0.5.23 `checkpoint_into_tree` l.1211-1222 ->
+        `SWAComponent.free_out_of_window_slots`): before an unfinished request's insert,
+        `free_swa_out_of_window_slots(req, len(radix_key) - 1)` with the default eviction
+        interval 1."""
+        if not swa_eviction_due(req, self.sliding_window_size, 1, pre_len):
+            return
+        free_swa_out_of_window_slots(
+            req, pre_len, sliding_window_size=self.sliding_window_size, page_size=self.page_size,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator, era="borrow")
 
     # -- the wrapper era's SWA tree (0.5.15 SWARadixCache) -------------------------------
     def _wrapper(self) -> bool:

@@ -194,9 +194,25 @@ def _free_swa_out_of_window_borrow(s: State, req: Req) -> None:
     `free_swa_out_of_window_slots`, radix cache): from the second decode batch, once the
     distance rule is due, the cursor is raised to `swa_dead_lo` and `[cursor, new)` is
     freed SWA-side, keeping `ceil_align(max(window, P), P)` tokens behind pre_len."""
-    pre_len, window, P = req.seqlen - 1, s.cfg.swa_window, s.cfg.page_size
-    if req.decode_batch_idx < 1 or not swa_evict_due(
-            req.swa_evicted_seqlen, pre_len, window, s.cfg.swa_eviction_interval):
+    if req.decode_batch_idx >= 1:
+        _free_swa_borrow(s, req, req.seqlen - 1, s.cfg.swa_eviction_interval)
+
+
+def free_out_of_window_slots(s: State, req: Req, key_len: int) -> None:
+    """Borrow era `checkpoint_into_tree` of an unfinished request (0.5.23
+    `unified_radix_cache.py` l.1211-1222, `SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS`,
+    on by default; `SWAComponent.free_out_of_window_slots`): before the insert,
+    `free_swa_out_of_window_slots` with `pre_len = len(radix_key) - 1` (the key before page
+    alignment) and the default eviction interval 1, so the part of a long prompt below
+    the window is freed SWA-side at its first checkpoint, not only in decode."""
+    if swa_on(s) and s.cfg.era == "borrow":
+        _free_swa_borrow(s, req, key_len - 1, 1)
+
+
+def _free_swa_borrow(s: State, req: Req, pre_len: int, interval: int) -> None:
+    """0.5.23 `common.free_swa_out_of_window_slots` (prefix-sharing cache)."""
+    window, P = s.cfg.swa_window, s.cfg.page_size
+    if not swa_evict_due(req.swa_evicted_seqlen, pre_len, window, interval):
         return
     evicted = max(req.swa_evicted_seqlen, swa_dead_lo(req.protected, req.swa_evict_floor, P))
     req.swa_evicted_seqlen = evicted

@@ -384,6 +384,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     row = s.rows[req.row]
     keys_len = floor_align(req.committed, P)
     key = req.fill_ids[:keys_len]
+    hybrid.free_out_of_window_slots(s, req, req.committed)
     new_prefix_len = insert(s, key, row[:keys_len // P], prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)

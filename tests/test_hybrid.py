@@ -270,8 +270,9 @@ def test_swa_dead_lo(protected, floor, p, want):
 
 def test_borrow_window_waits_for_interval_tokens_not_steps():
     """The interval counts tokens slid past the cursor (window 3, interval 4, prompt 6
-    in the tree): the first due batch only raises the cursor to swa_dead_lo = 6; it then
-    moves 4 tokens at a time, when pre_len - 3 reaches cursor + 4."""
+    in the tree): the prompt's checkpoint (interval 1, pre_len 5) left the cursor at 2;
+    the first due batch (pre_len - 3 reaches 2 + 4) only raises it to swa_dead_lo = 6;
+    it then moves 4 tokens at a time, when pre_len - 3 reaches cursor + 4."""
     cfg = replace(SWA_B, swa_eviction_interval=4)
     s = run(cfg, turn1(max_new=14, decodes=1))
     got = []
@@ -279,7 +280,7 @@ def test_borrow_window_waits_for_interval_tokens_not_steps():
         pre_len = s.reqs[1].seqlen - 1
         s, _ = step(s, O.Decode(1, 2))
         got.append((pre_len, s.reqs[1].swa_evicted_seqlen))
-    assert got == [(7, 6), (8, 6), (9, 6), (10, 6), (11, 6), (12, 6), (13, 10), (14, 10),
+    assert got == [(7, 2), (8, 2), (9, 6), (10, 6), (11, 6), (12, 6), (13, 10), (14, 10),
                    (15, 10), (16, 10), (17, 14)]
 
 
