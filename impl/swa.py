@@ -366,7 +366,9 @@ class SWARadixCache(RadixCache):
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         if not self._wrapper() and not self.disable:
             self.free_out_of_window_slots(req, req.kv_committed_len - 1)
-        self._insert_ctx = (req.cache_protected_len, 0)
+        # borrow era: `prepare_for_caching_req` gives the insert the request's cursor
+        self._insert_ctx = (req.cache_protected_len,
+                            0 if self._wrapper() else req.swa_evicted_seqlen)
         try:
             super().cache_unfinished_req(req, chunked=chunked)
         finally:
@@ -457,7 +459,10 @@ class SWARadixCache(RadixCache):
         (no tombstone leaf)."""
         key, sev = tuple(key), self._insert_ctx[1]
         if self.split_at_prompt:
-            return super().insert(key, value)
+            i = super().insert(key, value)
+            if i < len(key):
+                self.commit_insert_component_data(key, i)
+            return i
         i = self._existing_len(key)
         if i:
             self.match_prefix(key[:i])          # the walk's stamps and split, first
@@ -472,6 +477,19 @@ class SWARadixCache(RadixCache):
             super().insert(key, value)
             return i
         return super().insert(key, value)
+
+    def commit_insert_component_data(self, key: tuple, start: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.commit_insert_component_data` on the fresh leaf
+        `[start, len(key))`): `_clip_to_window` splits it at the insert's
+        `swa_evicted_seqlen`, the part below staying an SWA tombstone node; a leaf wholly
+        below the cursor stays one tombstone leaf."""
+        node, n = self.root_node, 0
+        while n < len(key):
+            node = node.children[self._child_key(key[n:])]
+            n += len(node.key)
+        live_start = max(start, self._insert_ctx[1])
+        if start < live_start < len(key):
+            self._split_node(node, live_start - start)
 
     def _existing_len(self, key: tuple) -> int:
         """How much of key the tree holds (whole pages), without touching it."""

@@ -376,6 +376,29 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
     return min(max(start, swa_evicted_seqlen), end)
 
 
+def insert_cursor(s: State, holder) -> int:
+    """The `swa_evicted_seqlen` an unfinished request's insert carries: 0.5.23's
+    `SWAComponent.prepare_for_caching_req` sets the request's (the wrapper era's
+    `cache_unfinished_req` inserts with none)."""
+    return holder.swa_evicted_seqlen if swa_on(s) and s.cfg.era == "borrow" else 0
+
+
+def clip_to_window(s: State, start: int, end: int, swa_evicted_seqlen: int):
+    """Borrow era (0.5.23 `SWAComponent._clip_to_window`, `swa.py` l.434-447, from
+    `commit_insert_component_data` on a fresh leaf `[start, end)`): the live start
+    `max(start, swa_evicted_seqlen)`; the leaf is split there, its part below the cursor
+    staying an SWA tombstone node of its own. None when the whole leaf lies below the
+    cursor (it stays one tombstone leaf: nothing is freed, unlike the wrapper era); no
+    split when it equals start. Without SWA or in the wrapper era: start.
+    pre: 0 <= start < end
+    post: __return__ is None or start <= __return__ < end
+    """
+    if not swa_on(s) or s.cfg.era != "borrow":
+        return start
+    live_start = max(start, swa_evicted_seqlen)
+    return None if live_start >= end else live_start
+
+
 def prompt_split_on(s: State) -> bool:
     """Borrow era `checkpoint_into_tree` (0.5.23 `unified_radix_cache.py` l.1266-1270): the
     second insert that splits the path at the prompt boundary runs only when the tree's one

@@ -223,7 +223,17 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
     for lo, hi in ((i, cut), (cut, len(key))):
         if lo < hi:
             nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
+    if i < len(key):
+        _commit_swa_leaf(s, nid, i, len(key), swa_evicted_seqlen)
     return i
+
+
+def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seqlen: int) -> None:
+    """Borrow era `SWAComponent.commit_insert_component_data` on the fresh leaf
+    `[start, end)`: split at the SWA cursor (`hybrid.clip_to_window`)."""
+    live_start = hybrid.clip_to_window(s, start, end, swa_evicted_seqlen)
+    if live_start is not None and live_start > start:
+        _split_node(s, leaf, live_start - start)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
@@ -385,7 +395,8 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     keys_len = floor_align(req.committed, P)
     key = req.fill_ids[:keys_len]
     hybrid.free_out_of_window_slots(s, req, req.committed)
-    new_prefix_len = insert(s, key, row[:keys_len // P], prev_prefix_len=req.protected)
+    new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
+                            prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     if hybrid.prompt_split_on(s):

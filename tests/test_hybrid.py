@@ -479,3 +479,23 @@ def test_sglang_adapter_refuses_what_it_does_not_drive():
     assert refusal(SWA_P1, "flat") is None          # 0.5.15: adapters/sglang/swa_tree.py
     assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
     assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None
+
+
+SWA_B4 = Config(page_size=2, num_pages=24, num_rows=4, swa_window=4, era="borrow")
+
+
+def _tree(s):
+    """(path length, key length, tombstoned) of every node, by path length."""
+    return sorted((len(n.path), len(n.key), H.swa_tombstoned(s, n))
+                  for n in s.nodes.values() if n.id != 0)
+
+
+def test_borrow_checkpoint_frees_out_of_window_swa_and_keeps_a_tombstone_node():
+    """0.5.23 `checkpoint_into_tree` of a 12-token prompt (window 4, P = 2), as
+    tests/test_sglang_swa_unified.py reads it on the release: the out-of-window free runs
+    before the insert (cursor 6 = floor(11 - 4)), and the fresh leaf is split at the
+    cursor, `[0, 6)` staying an SWA tombstone node (`_clip_to_window`)."""
+    s = run(SWA_B4, [O.SubmitRequest(1, tuple(range(1, 13)), 4), O.Schedule(1)])
+    assert s.reqs[1].swa_evicted_seqlen == 6 and s.reqs[1].protected == 12
+    assert [(p, t) for p, _, t in _tree(s)][0] == (6, True)
+    assert all(not t for p, _, t in _tree(s) if p > 6)
