@@ -488,8 +488,19 @@ class SWARadixCache(RadixCache):
             node = node.children[self._child_key(key[n:])]
             n += len(node.key)
         live_start = max(start, self._insert_ctx[1])
-        if start < live_start < len(key):
+        if live_start >= len(key):
+            return
+        if live_start > start:
             self._split_node(node, live_start - start)
+        self._maybe_split_leaf_for_swa_lock(node)
+
+    def _maybe_split_leaf_for_swa_lock(self, leaf) -> None:
+        """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`): a fresh live
+        leaf longer than one page-aligned window is split so its lower part is that window."""
+        P = self.page_size
+        tail_size = (self.sliding_window_size + P - 1) // P * P
+        if len(leaf.key) > tail_size:
+            self._split_node(leaf, len(leaf.key) - tail_size)
 
     def _existing_len(self, key: tuple) -> int:
         """How much of key the tree holds (whole pages), without touching it."""

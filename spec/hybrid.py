@@ -388,15 +388,29 @@ def clip_to_window(s: State, start: int, end: int, swa_evicted_seqlen: int):
     `commit_insert_component_data` on a fresh leaf `[start, end)`): the live start
     `max(start, swa_evicted_seqlen)`; the leaf is split there, its part below the cursor
     staying an SWA tombstone node of its own. None when the whole leaf lies below the
-    cursor (it stays one tombstone leaf: nothing is freed, unlike the wrapper era); no
-    split when it equals start. Without SWA or in the wrapper era: start.
+    cursor (it stays one tombstone leaf: nothing is freed, unlike the wrapper era), and
+    without SWA or in the wrapper era (nothing to commit); no split when it equals start.
     pre: 0 <= start < end
     post: __return__ is None or start <= __return__ < end
     """
     if not swa_on(s) or s.cfg.era != "borrow":
-        return start
+        return None
     live_start = max(start, swa_evicted_seqlen)
     return None if live_start >= end else live_start
+
+
+def swa_lock_split(leaf_len: int, window: int, p: int):
+    """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`, `swa.py`
+    l.593-624): a fresh live leaf longer than one page-aligned window
+    (`ceil_align(window, P)`) is split so its lower part is exactly that window and the SWA
+    lock pins only it; returns the split offset, or None when the leaf fits.
+    pre: p >= 1
+    pre: window >= 1
+    pre: leaf_len % p == 0
+    post: __return__ is None or (0 < __return__ < leaf_len and __return__ % p == 0)
+    """
+    tail = ceil_align(window, p)
+    return leaf_len - tail if leaf_len > tail else None
 
 
 def prompt_split_on(s: State) -> bool:

@@ -230,10 +230,16 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
 
 def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seqlen: int) -> None:
     """Borrow era `SWAComponent.commit_insert_component_data` on the fresh leaf
-    `[start, end)`: split at the SWA cursor (`hybrid.clip_to_window`)."""
+    `[start, end)`: split at the SWA cursor (`hybrid.clip_to_window`), then the live part
+    capped at one page-aligned window (`hybrid.swa_lock_split`)."""
     live_start = hybrid.clip_to_window(s, start, end, swa_evicted_seqlen)
-    if live_start is not None and live_start > start:
+    if live_start is None:
+        return
+    if live_start > start:
         _split_node(s, leaf, live_start - start)
+    cap = hybrid.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
+    if cap is not None:
+        _split_node(s, leaf, cap)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,

@@ -499,3 +499,14 @@ def test_borrow_checkpoint_frees_out_of_window_swa_and_keeps_a_tombstone_node():
     assert s.reqs[1].swa_evicted_seqlen == 6 and s.reqs[1].protected == 12
     assert [(p, t) for p, _, t in _tree(s)][0] == (6, True)
     assert all(not t for p, _, t in _tree(s) if p > 6)
+
+
+def test_borrow_checkpoint_caps_the_live_leaf_at_one_window():
+    """0.5.23 `_maybe_split_leaf_for_swa_lock`: the live leaf `[6, 12)` is longer than
+    one page-aligned window (4), so it is split at 8: the release's tree (the probe's
+    first step) is `[0, 6)` tombstone, `[6, 8)`, `[8, 12)`; the lock boundary is the leaf."""
+    s = run(SWA_B4, [O.SubmitRequest(1, tuple(range(1, 13)), 4), O.Schedule(1)])
+    assert [(p, k) for p, k, _ in _tree(s)] == [(6, 6), (8, 2), (12, 4)]
+    assert s.reqs[1].swa_uuid_for_lock == s.reqs[1].last_node
+    assert H.swa_lock_split(6, 4, 2) == 2 and H.swa_lock_split(4, 4, 2) is None
+    assert H.swa_lock_split(6, 3, 2) == 2 and H.swa_lock_split(5, 3, 1) == 2
