@@ -942,7 +942,7 @@ def _lookahead(s: State, req: Req) -> None:
         if not _alloc_decode(s, req.row, pos):
             return                      # memory short: the step was not prepared
         req.allocated = pos + 1
-        if hybrid.swa_tree_on(s):       # a prepared decode batch: `maybe_evict_swa` too
+        if hybrid.swa_on(s):            # a prepared decode batch: `maybe_evict_swa` too
             hybrid.free_swa_out_of_window_slots(s, req)
             hybrid.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
