@@ -151,7 +151,7 @@ class Scheduler:
             if common.alloc_for_decode(self, req) is None:
                 return
             req.kv_allocated_len = pos + 1
-            if self.era == "wrapper":   # a prepared decode batch: `maybe_evict_swa` too
+            if self.swa_window:         # a prepared decode batch: `maybe_evict_swa` too
                 self._decode_batch_done(req)
         self._write_kv(req, pos, pos + 1)
         req.kv_committed_len = pos + 1

@@ -150,10 +150,13 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.free_group_end()
 
 
-def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int) -> bool:
-    """Borrow era (0.5.23 `ScheduleBatch._swa_eviction_trigger`): `eviction_interval`
-    tokens have slid out of the window past the cursor."""
-    return req.seqlen - 1 - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
+def swa_eviction_due(req, sliding_window_size: int, eviction_interval: int,
+                     pre_len: Optional[int] = None) -> bool:
+    """Borrow era (0.5.23 `ScheduleBatch._swa_eviction_trigger`, and the same test in
+    `free_swa_out_of_window_slots`): `eviction_interval` tokens have slid out of the window
+    past the cursor (pre_len: `req.seqlen - 1` unless given)."""
+    pre_len = req.seqlen - 1 if pre_len is None else pre_len
+    return pre_len - sliding_window_size >= req.swa_evicted_seqlen + eviction_interval
 
 
 def set_swa_evict_floor(sched, req) -> None:
@@ -361,7 +364,11 @@ class SWARadixCache(RadixCache):
                    if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
-        self._insert_ctx = (req.cache_protected_len, 0)
+        if not self._wrapper() and not self.disable:
+            self.free_out_of_window_slots(req, req.kv_committed_len - 1)
+        # borrow era: `prepare_for_caching_req` gives the insert the request's cursor
+        self._insert_ctx = (req.cache_protected_len,
+                            0 if self._wrapper() else req.swa_evicted_seqlen)
         try:
             super().cache_unfinished_req(req, chunked=chunked)
         finally:
@@ -375,6 +382,18 @@ class SWARadixCache(RadixCache):
             super().cache_finished_req(req, is_insert=is_insert, **kw)
         finally:
             self._insert_ctx = (0, 0)
+
+    def free_out_of_window_slots(self, req, pre_len: int) -> None:
+        """Borrow era (0.5.23 `checkpoint_into_tree` l.1211-1222 ->
+        `SWAComponent.free_out_of_window_slots`): before an unfinished request's insert,
+        `free_swa_out_of_window_slots(req, len(radix_key) - 1)` with the default eviction
+        interval 1."""
+        if not swa_eviction_due(req, self.sliding_window_size, 1, pre_len):
+            return
+        free_swa_out_of_window_slots(
+            req, pre_len, sliding_window_size=self.sliding_window_size, page_size=self.page_size,
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool_allocator=self.token_to_kv_pool_allocator, era="borrow")
 
     # -- the wrapper era's SWA tree (0.5.15 SWARadixCache) -------------------------------
     def _wrapper(self) -> bool:
@@ -440,7 +459,10 @@ class SWARadixCache(RadixCache):
         (no tombstone leaf)."""
         key, sev = tuple(key), self._insert_ctx[1]
         if self.split_at_prompt:
-            return super().insert(key, value)
+            i = super().insert(key, value)
+            if i < len(key):
+                self.commit_insert_component_data(key, i)
+            return i
         i = self._existing_len(key)
         if i:
             self.match_prefix(key[:i])          # the walk's stamps and split, first
@@ -455,6 +477,30 @@ class SWARadixCache(RadixCache):
             super().insert(key, value)
             return i
         return super().insert(key, value)
+
+    def commit_insert_component_data(self, key: tuple, start: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.commit_insert_component_data` on the fresh leaf
+        `[start, len(key))`): `_clip_to_window` splits it at the insert's
+        `swa_evicted_seqlen`, the part below staying an SWA tombstone node; a leaf wholly
+        below the cursor stays one tombstone leaf."""
+        node, n = self.root_node, 0
+        while n < len(key):
+            node = node.children[self._child_key(key[n:])]
+            n += len(node.key)
+        live_start = max(start, self._insert_ctx[1])
+        if live_start >= len(key):
+            return
+        if live_start > start:
+            self._split_node(node, live_start - start)
+        self._maybe_split_leaf_for_swa_lock(node)
+
+    def _maybe_split_leaf_for_swa_lock(self, leaf) -> None:
+        """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`): a fresh live
+        leaf longer than one page-aligned window is split so its lower part is that window."""
+        P = self.page_size
+        tail_size = (self.sliding_window_size + P - 1) // P * P
+        if len(leaf.key) > tail_size:
+            self._split_node(leaf, len(leaf.key) - tail_size)
 
     def _existing_len(self, key: tuple) -> int:
         """How much of key the tree holds (whole pages), without touching it."""

@@ -195,9 +195,25 @@ def _free_swa_out_of_window_borrow(s: State, req: Req) -> None:
     `free_swa_out_of_window_slots`, radix cache): from the second decode batch, once the
     distance rule is due, the cursor is raised to `swa_dead_lo` and `[cursor, new)` is
     freed SWA-side, keeping `ceil_align(max(window, P), P)` tokens behind pre_len."""
-    pre_len, window, P = req.seqlen - 1, s.cfg.swa_window, s.cfg.page_size
-    if req.decode_batch_idx < 1 or not swa_evict_due(
-            req.swa_evicted_seqlen, pre_len, window, s.cfg.swa_eviction_interval):
+    if req.decode_batch_idx >= 1:
+        _free_swa_borrow(s, req, req.seqlen - 1, s.cfg.swa_eviction_interval)
+
+
+def free_out_of_window_slots(s: State, req: Req, key_len: int) -> None:
+    """Borrow era `checkpoint_into_tree` of an unfinished request (0.5.23
+    `unified_radix_cache.py` l.1211-1222, `SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS`,
+    on by default; `SWAComponent.free_out_of_window_slots`): before the insert,
+    `free_swa_out_of_window_slots` with `pre_len = len(radix_key) - 1` (the key before page
+    alignment) and the default eviction interval 1, so the part of a long prompt below
+    the window is freed SWA-side at its first checkpoint, not only in decode."""
+    if swa_on(s) and s.cfg.era == "borrow":
+        _free_swa_borrow(s, req, key_len - 1, 1)
+
+
+def _free_swa_borrow(s: State, req: Req, pre_len: int, interval: int) -> None:
+    """0.5.23 `common.free_swa_out_of_window_slots` (prefix-sharing cache)."""
+    window, P = s.cfg.swa_window, s.cfg.page_size
+    if not swa_evict_due(req.swa_evicted_seqlen, pre_len, window, interval):
         return
     evicted = max(req.swa_evicted_seqlen, swa_dead_lo(req.protected, req.swa_evict_floor, P))
     req.swa_evicted_seqlen = evicted
@@ -359,6 +375,43 @@ def swa_tombstone_cut(s: State, start: int, end: int, swa_evicted_seqlen: int) -
     if not swa_on(s) or s.cfg.era == "borrow":
         return start
     return min(max(start, swa_evicted_seqlen), end)
+
+
+def insert_cursor(s: State, holder) -> int:
+    """The `swa_evicted_seqlen` an unfinished request's insert carries: 0.5.23's
+    `SWAComponent.prepare_for_caching_req` sets the request's (the wrapper era's
+    `cache_unfinished_req` inserts with none)."""
+    return holder.swa_evicted_seqlen if swa_on(s) and s.cfg.era == "borrow" else 0
+
+
+def clip_to_window(s: State, start: int, end: int, swa_evicted_seqlen: int):
+    """Borrow era (0.5.23 `SWAComponent._clip_to_window`, `swa.py` l.434-447, from
+    `commit_insert_component_data` on a fresh leaf `[start, end)`): the live start
+    `max(start, swa_evicted_seqlen)`; the leaf is split there, its part below the cursor
+    staying an SWA tombstone node of its own. None when the whole leaf lies below the
+    cursor (it stays one tombstone leaf: nothing is freed, unlike the wrapper era), and
+    without SWA or in the wrapper era (nothing to commit); no split when it equals start.
+    pre: 0 <= start < end
+    post: __return__ is None or start <= __return__ < end
+    """
+    if not swa_on(s) or s.cfg.era != "borrow":
+        return None
+    live_start = max(start, swa_evicted_seqlen)
+    return None if live_start >= end else live_start
+
+
+def swa_lock_split(leaf_len: int, window: int, p: int):
+    """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`, `swa.py`
+    l.593-624): a fresh live leaf longer than one page-aligned window
+    (`ceil_align(window, P)`) is split so its lower part is exactly that window and the SWA
+    lock pins only it; returns the split offset, or None when the leaf fits.
+    pre: p >= 1
+    pre: window >= 1
+    pre: leaf_len % p == 0
+    post: __return__ is None or (0 < __return__ < leaf_len and __return__ % p == 0)
+    """
+    tail = ceil_align(window, p)
+    return leaf_len - tail if leaf_len > tail else None
 
 
 def prompt_split_on(s: State) -> bool:

@@ -227,7 +227,23 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
     for lo, hi in ((i, cut), (cut, len(key))):
         if lo < hi:
             nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
+    if i < len(key):
+        _commit_swa_leaf(s, nid, i, len(key), swa_evicted_seqlen)
     return i
+
+
+def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seqlen: int) -> None:
+    """Borrow era `SWAComponent.commit_insert_component_data` on the fresh leaf
+    `[start, end)`: split at the SWA cursor (`hybrid.clip_to_window`), then the live part
+    capped at one page-aligned window (`hybrid.swa_lock_split`)."""
+    live_start = hybrid.clip_to_window(s, start, end, swa_evicted_seqlen)
+    if live_start is None:
+        return
+    if live_start > start:
+        _split_node(s, leaf, live_start - start)
+    cap = hybrid.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
+    if cap is not None:
+        _split_node(s, leaf, cap)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
@@ -427,7 +443,9 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     row = s.rows[req.row]
     keys_len = floor_align(req.committed, P)
     key = req.fill_ids[:keys_len]
-    new_prefix_len = insert(s, key, row[:keys_len // P], prev_prefix_len=req.protected)
+    hybrid.free_out_of_window_slots(s, req, req.committed)
+    new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
+                            prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     if hybrid.prompt_split_on(s):
@@ -1082,7 +1100,7 @@ def _lookahead(s: State, req: Req) -> None:
         if not _alloc_decode(s, req.row, pos):
             return                      # memory short: the step was not prepared
         req.allocated = pos + 1
-        if hybrid.swa_tree_on(s):       # a prepared decode batch: `maybe_evict_swa` too
+        if hybrid.swa_on(s):            # a prepared decode batch: `maybe_evict_swa` too
             hybrid.free_swa_out_of_window_slots(s, req)
             hybrid.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)

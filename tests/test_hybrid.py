@@ -270,8 +270,9 @@ def test_swa_dead_lo(protected, floor, p, want):
 
 def test_borrow_window_waits_for_interval_tokens_not_steps():
     """The interval counts tokens slid past the cursor (window 3, interval 4, prompt 6
-    in the tree): the first due batch only raises the cursor to swa_dead_lo = 6; it then
-    moves 4 tokens at a time, when pre_len - 3 reaches cursor + 4."""
+    in the tree): the prompt's checkpoint (interval 1, pre_len 5) left the cursor at 2;
+    the first due batch (pre_len - 3 reaches 2 + 4) only raises it to swa_dead_lo = 6;
+    it then moves 4 tokens at a time, when pre_len - 3 reaches cursor + 4."""
     cfg = replace(SWA_B, swa_eviction_interval=4)
     s = run(cfg, turn1(max_new=14, decodes=1))
     got = []
@@ -279,7 +280,7 @@ def test_borrow_window_waits_for_interval_tokens_not_steps():
         pre_len = s.reqs[1].seqlen - 1
         s, _ = step(s, O.Decode(1, 2))
         got.append((pre_len, s.reqs[1].swa_evicted_seqlen))
-    assert got == [(7, 6), (8, 6), (9, 6), (10, 6), (11, 6), (12, 6), (13, 10), (14, 10),
+    assert got == [(7, 2), (8, 2), (9, 6), (10, 6), (11, 6), (12, 6), (13, 10), (14, 10),
                    (15, 10), (16, 10), (17, 14)]
 
 
@@ -478,3 +479,34 @@ def test_sglang_adapter_refuses_what_it_does_not_drive():
     assert refusal(SWA_P1, "flat") is None          # 0.5.15: adapters/sglang/swa_tree.py
     assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
     assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None
+
+
+SWA_B4 = Config(page_size=2, num_pages=24, num_rows=4, swa_window=4, era="borrow")
+
+
+def _tree(s):
+    """(path length, key length, tombstoned) of every node, by path length."""
+    return sorted((len(n.path), len(n.key), H.swa_tombstoned(s, n))
+                  for n in s.nodes.values() if n.id != 0)
+
+
+def test_borrow_checkpoint_frees_out_of_window_swa_and_keeps_a_tombstone_node():
+    """0.5.23 `checkpoint_into_tree` of a 12-token prompt (window 4, P = 2), as
+    tests/test_sglang_swa_unified.py reads it on the release: the out-of-window free runs
+    before the insert (cursor 6 = floor(11 - 4)), and the fresh leaf is split at the
+    cursor, `[0, 6)` staying an SWA tombstone node (`_clip_to_window`)."""
+    s = run(SWA_B4, [O.SubmitRequest(1, tuple(range(1, 13)), 4), O.Schedule(1)])
+    assert s.reqs[1].swa_evicted_seqlen == 6 and s.reqs[1].protected == 12
+    assert [(p, t) for p, _, t in _tree(s)][0] == (6, True)
+    assert all(not t for p, _, t in _tree(s) if p > 6)
+
+
+def test_borrow_checkpoint_caps_the_live_leaf_at_one_window():
+    """0.5.23 `_maybe_split_leaf_for_swa_lock`: the live leaf `[6, 12)` is longer than
+    one page-aligned window (4), so it is split at 8: the release's tree (the probe's
+    first step) is `[0, 6)` tombstone, `[6, 8)`, `[8, 12)`; the lock boundary is the leaf."""
+    s = run(SWA_B4, [O.SubmitRequest(1, tuple(range(1, 13)), 4), O.Schedule(1)])
+    assert [(p, k) for p, k, _ in _tree(s)] == [(6, 6), (8, 2), (12, 4)]
+    assert s.reqs[1].swa_uuid_for_lock == s.reqs[1].last_node
+    assert H.swa_lock_split(6, 4, 2) == 2 and H.swa_lock_split(4, 4, 2) is None
+    assert H.swa_lock_split(6, 3, 2) == 2 and H.swa_lock_split(5, 3, 1) == 2

@@ -3,8 +3,8 @@ built through `registry.create_unified_radix_cache` as production builds it for 
 sliding-window model, over the real `SWATokenToKVPoolAllocator`, driven by the adapter and
 read back (node SWA values and locks, the holders' cursors, the SWA lock boundary) beside
 the spec. The adapter still refuses swa_window on 0.5.23 (adapters/sglang/hybrid.py): the
-spec's borrow-era SWA rules differ from the release at the first prefill of any prompt
-longer than the window (docs/semantics.md, "SWA on the real releases"). The release tests
+spec does not yet follow every borrow-era SWA rule of the release (docs/semantics.md, "The
+0.5.23 SWA tree against the spec"). The release tests
 skip without .venv-sglang-0.5.23 (adapters/sglang/make_env.sh 0.5.23)."""
 from __future__ import annotations
 
@@ -48,13 +48,13 @@ def test_first_prefill_checkpoint_frees_out_of_window_swa_and_caps_the_leaf(prob
     assert probe["plain"]["steps"][3]["reqs"] == {"1": [14, 12, 12, 0]}
 
 
-def test_the_spec_parts_from_0523_at_that_checkpoint(probe):
-    """Every probe sequence parts at its first prefill: the spec's borrow era neither frees
-    out-of-window SWA at a checkpoint nor splits the tombstoned / capped nodes."""
+def test_the_spec_follows_0523_at_that_checkpoint(probe):
+    """Every probe sequence runs in lockstep with the release: the spec's borrow era frees
+    out-of-window SWA at the checkpoint, keeps the part below the cursor as a tombstone
+    node and caps the live leaf at one page-aligned window, as the release does (before
+    those rules every sequence parted at its first prefill)."""
     for name, r in probe.items():
-        d = r["first_divergence"]
-        assert d is not None and d["op"] == "schedule" and d["id"] == "D1", (name, d)
-        assert any("swa_evicted_seqlen: spec=0 sglang-0.5.23=6" in x for x in d["lines"])
+        assert r["first_divergence"] is None, (name, r["first_divergence"])
         assert all(not s["concrete"] for s in r["steps"]), name
 
 
@@ -118,4 +118,4 @@ def test_slot_lock_boundary_follows_the_checkpoint_on_spec_and_impl(probe):
     assert slot.swa_uuid_for_lock == want
     assert tuple(map(lambda x: tuple(x) if isinstance(x, list) else x,
                      probe["session"]["steps"][2]["slots"]["1"][3])) == want
-    assert not any("swa_uuid_for_lock" in x for x in probe["session"]["first_divergence"]["lines"])
+    assert probe["session"]["first_divergence"] is None

@@ -17,10 +17,12 @@ SWA (issue 15): the real `SWATokenToKVPoolAllocator` constructs and runs on the 
 `UnifiedRadixCache` with the FULL + SWA components is built as production builds it and
 driven and read back (adapters/sglang/swa_unified.py: cursors, floors, per-node SWA values
 and locks, the SWA lock boundary; C6/C7 on the concrete tree), but the adapter still
-refuses swa_window there (one line, `refusal`): the spec's borrow-era SWA rules part from
-the release at the first prefill of a prompt longer than the window (its checkpoint frees
-out-of-window SWA and inserts a tombstone node and a window-capped leaf), which
-`swa_unified_probe` shows (docs/semantics.md, "SWA on the real releases").
+refuses swa_window there (one line, `refusal`): the spec now follows the release's
+checkpoint (the out-of-window free, the tombstone node, the window-capped leaf; every
+`swa_unified_probe` sequence runs in lockstep), but not yet `swa_branching_seqlen` nor an
+insert's recovery of an existing tombstone node, and the campaign
+(benchmarks/swa_0523_campaign.py) still parts on unexamined walks (docs/semantics.md, "The
+0.5.23 SWA tree against the spec").
 
 Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
 - the tree on, `config.mamba_tree`: `UnifiedRadixCache` with FULL + MAMBA components, what
@@ -75,8 +77,8 @@ def refusal(cfg, api: str):
     if cfg.swa_window and api != "flat":
         return ("config.swa_window: 0.5.23's UnifiedRadixCache SWA component runs here "
                 "(adapters/sglang/swa_unified.py) but kvcheck's borrow-era SWA spec does not "
-                "follow it yet (its checkpoint frees out-of-window SWA, keeps a tombstone node "
-                "and caps the live leaf at one window; docs/semantics.md); use swa_window=0 "
+                "follow it all yet (swa_branching_seqlen, an insert's tombstone recovery; "
+                "docs/semantics.md); use swa_window=0 "
                 "with a borrow-era release, or sglang 0.5.15")
     if cfg.mamba_tree and api == "flat":
         return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
