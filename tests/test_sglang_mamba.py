@@ -132,11 +132,16 @@ def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
     the session's slot shares the turn's Mamba refs, an aborted turn's record goes back
     and is freed, `_free_slot_mamba` skips the lazy buffer's empty entry at close."""
     _need_0523()
+    _assert_lockstep_on_0523(NO_RADIX, ops)
+
+
+def _assert_lockstep_on_0523(cfg, ops):
+    """Run ops on the served 0.5.23 beside the spec; fail with the rendered divergence."""
     from adapters.sglang.proxy import SglangProxy
     from kvcheck.checker import run_ops
-    b = SglangProxy(NO_RADIX, "0.5.23")
+    b = SglangProxy(cfg, "0.5.23")
     try:
-        r = run_ops(NO_RADIX, ops, b, backend_name=b.name)
+        r = run_ops(cfg, ops, b, backend_name=b.name)
     finally:
         b.close()
     assert r.ok, r.failure.render()
@@ -167,18 +172,11 @@ def test_real_0523_mamba_tree_agrees_with_the_spec():
     node had one), the copy-on-write a match takes (given back when turned down), Mamba
     eviction of internal states and whole leaves, the nodes' own Mamba locks."""
     _need_0523()
-    from adapters.sglang.proxy import SglangProxy
-    from kvcheck.checker import run_ops
     s = initial_state(MAMBA_TREE)
     for op in TREE_OPS:
         s, _ = step(s, op)
     assert any(n.mamba_value for n in s.nodes.values())
-    b = SglangProxy(MAMBA_TREE, "0.5.23")
-    try:
-        r = run_ops(MAMBA_TREE, TREE_OPS, b, backend_name=b.name)
-    finally:
-        b.close()
-    assert r.ok, r.failure.render()
+    _assert_lockstep_on_0523(MAMBA_TREE, TREE_OPS)
 
 
 def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
