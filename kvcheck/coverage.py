@@ -44,6 +44,9 @@ SGLANG_TARGETS: tuple = (
     ("srt/mem_cache/allocator/*.py", None),
     ("srt/mem_cache/radix_cache.py", None),
     ("srt/mem_cache/unified_radix_cache.py", None),
+    # 0.5.23's tree components: FULL always, MAMBA with `mamba_tree`, SWA (refused in
+    # runs, driven by swa_unified's probe only: its figure shows what the runs leave)
+    ("srt/mem_cache/unified_cache/components/*.py", None),
     ("srt/mem_cache/common.py", ("release_kv_cache", "maybe_cache_unfinished_req",
                                  "checkpoint_kv_cache", "evict_from_tree_cache",
                                  "alloc_*", "free_*", "write_cache_indices",
@@ -58,7 +61,7 @@ SGLANG_TARGETS: tuple = (
                                         "Req.set_extend_range", "Req.pop_*")),
 )
 """What the sglang adapter drives (adapters/sglang/backend.py): the session wrapper,
-the allocator and radix cache whole; of the large modules, the functions it calls
+the allocator, the radix cache and 0.5.23's tree components whole; of the large modules, the functions it calls
 (release, cache-unfinished, eviction, allocation, retract) and what they call."""
 SGLANG_INCLUDE = ("*/sglang/srt/session/*", "*/sglang/srt/mem_cache/*",
                   "*/sglang/srt/managers/schedule_batch.py")
