@@ -6,7 +6,7 @@ corpus, a fixed-count differential run); a mutant is killed when one of them fai
 mutmut's configuration is `[tool.mutmut]` in pyproject.toml; it works in `mutants/` (a
 copy of the project, git-ignored). `--sample N` runs a fixed-seed sample of N mutants
 (what CI runs); without it every mutant runs (nightly). A mutant mutmut has already
-judged (in mutants/, for the same function source and the same --examples) is not run
+judged (in mutants/, for the same function source, --examples and ORACLE) is not run
 again, so an interrupted run resumes and a sample can grow in chunks (`--sample 100`,
 then `--sample 250` with the same seed: the first 100 are reused); `--fresh` runs
 them again. The score leaves out the mutants
@@ -36,8 +36,12 @@ NO_MATCH = "impl.kvcheck_no_such_function*"
 """A name no mutant has: `mutmut run` with it generates every mutant and collects the
 per-test stats without testing any mutant (the sample is drawn from what it made)."""
 RUN_RECORD = MUTANTS / "kvcheck-run.json"
-"""The --examples the results in mutants/ were judged with (a result under another count
-is run again)."""
+"""The --examples and the oracle the results in mutants/ were judged with (a result under
+another count or another oracle is run again)."""
+ORACLE = ("spec", "kvcheck", "adapters/impl.py", "stateful_tests", "mutation")
+"""What the test command judges impl/'s mutants with, besides impl/ itself (mutmut runs a
+mutant again when its own function changes, not when these do): the model, the checker,
+the impl adapter, the regression and planted-fault corpora, the test command."""
 PENDING = ("not checked", "check was interrupted by user")
 """A mutant without a verdict yet: run it (again)."""
 KILLED = ("killed", "timeout", "segfault", "caught by type check")
@@ -130,10 +134,30 @@ def to_run(names, results: dict, reuse: bool) -> list:
     return [k for k in names if not reuse or results.get(k, "not checked") in PENDING]
 
 
+def oracle_fingerprint() -> str:
+    """A hash of the ORACLE's .py and .json files (paths and contents): a new corpus trace
+    or a changed invariant re-judges every mutant, so an old survivor is not reused."""
+    import hashlib
+    h = hashlib.sha256()
+    for top in ORACLE:
+        root = ROOT / top
+        files = [root] if root.is_file() else sorted(
+            f for f in root.rglob("*") if f.suffix in (".py", ".json") and f.is_file()
+            and "__pycache__" not in f.parts)
+        for f in files:
+            h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _record(examples: int) -> dict:
+    return {"examples": examples, "oracle": oracle_fingerprint()}
+
+
 def _reusable(examples: int) -> bool:
-    """The verdicts in mutants/ were reached with this --examples (a record says so)."""
+    """The verdicts in mutants/ were reached with this --examples and this oracle (a record
+    says so)."""
     try:
-        return json.loads(RUN_RECORD.read_text()).get("examples") == examples
+        return json.loads(RUN_RECORD.read_text()) == _record(examples)
     except (OSError, ValueError):
         return False
 
@@ -150,7 +174,7 @@ def run(n_sample=None, seed: int = 0, examples: int = 60, fresh: bool = False) -
     env.pop("PYTHONPATH", None)     # mutmut puts mutants/ first; the project must not shadow it
     reuse = not fresh and _reusable(examples)
     _mutmut(NO_MATCH, env=env)      # (re)generate the mutants; judges none
-    RUN_RECORD.write_text(json.dumps({"examples": examples}))
+    RUN_RECORD.write_text(json.dumps(_record(examples)))
     results = mutant_results()
     names = sorted(results) if n_sample is None else sample(results, n_sample, seed)
     todo = to_run(names, results, reuse)

@@ -59,7 +59,7 @@ def test_a_growing_sample_runs_only_the_mutants_without_a_verdict():
     assert set(sample(NAMES, 10, 4)) < set(sample(NAMES, 20, 4)) < set(sample(NAMES, 45, 4))
 
 
-def test_run_reuses_verdicts_only_for_the_same_examples(monkeypatch, tmp_path):
+def test_run_reuses_verdicts_only_for_the_same_examples_and_oracle(monkeypatch, tmp_path):
     """`make mutation` (no --sample) and a sample both go through run(): the mutants
     without a verdict are run, in one mutmut call; another --examples runs them all."""
     import kvcheck.mutation as M
@@ -76,6 +76,26 @@ def test_run_reuses_verdicts_only_for_the_same_examples(monkeypatch, tmp_path):
     calls.clear()
     M.run(2, seed=0, examples=30)                       # other examples: both sampled
     assert calls[1] == tuple(sample(verdicts, 2, 0))
+    calls.clear()
+    M.run(None, examples=30)                            # same examples and oracle: only "b"
+    assert calls == [(M.NO_MATCH,), ("b",)]
+    calls.clear()
+    monkeypatch.setattr(M, "oracle_fingerprint", lambda: "a new corpus trace")
+    M.run(None, examples=30)                            # another oracle: every mutant again
+    assert calls == [(M.NO_MATCH,), ("a", "b", "c")]
+
+
+def test_the_oracle_fingerprint_moves_with_a_corpus_trace(monkeypatch, tmp_path):
+    import kvcheck.mutation as M
+    (tmp_path / "stateful_tests").mkdir()
+    trace = tmp_path / "stateful_tests" / "t.json"
+    trace.write_text("{}")
+    monkeypatch.setattr(M, "ROOT", tmp_path)
+    monkeypatch.setattr(M, "ORACLE", ("stateful_tests",))
+    before = M.oracle_fingerprint()
+    assert M.oracle_fingerprint() == before
+    trace.write_text('{"ops": []}')
+    assert M.oracle_fingerprint() != before
 
 
 def test_report_scores_the_recorded_verdicts_without_running(monkeypatch, capsys):
