@@ -119,10 +119,11 @@ def _server(python: str) -> _Server:
     return server
 
 
-def _probe(cmd: str, cfg: Config, version: str) -> dict:
-    """adapters.sglang.hybrid.<cmd> run by the served release VERSION."""
+def _probe(cmd: str, cfg: Config, version: str, **fields) -> dict:
+    """adapters.sglang.hybrid.<cmd> (or swa_unified.<cmd>) run by the served release
+    VERSION; `fields` go along in the request."""
     python = resolve_python(version)
-    reply = _server(python).call({"cmd": cmd, "config": cfg.to_json()})
+    reply = _server(python).call({"cmd": cmd, "config": cfg.to_json(), **fields})
     if "error" in reply:
         raise RuntimeError(f"[sglang-{version}] {reply['error']}")
     return reply
@@ -137,13 +138,7 @@ def mamba_tree_probe(cfg: Config, version: str) -> dict:
 
 
 def swa_unified_probe(cfg: Config, version: str, names=None) -> dict:
-    """adapters.sglang.swa_unified.swa_unified_probe run by the served release VERSION."""
-    python = resolve_python(version)
-    reply = _server(python).call({"cmd": "swa_unified_probe", "config": cfg.to_json(),
-                                  "names": names})
-    if "error" in reply:
-        raise RuntimeError(f"[sglang-{version}] {reply['error']}")
-    return reply
+    return _probe("swa_unified_probe", cfg, version, names=names)
 
 
 def queued_borrowed_abort_probe(cfg: Config, version: str) -> dict:

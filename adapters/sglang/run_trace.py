@@ -87,18 +87,16 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 reply = {"outcome": outcome, **_snapshot(backend)}
             elif cmd == "state":
                 reply = _snapshot(backend)
-            elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe"):
-                from adapters.sglang import hybrid
+            elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe",
+                         "swa_unified_probe"):
+                from adapters.sglang import hybrid, swa_unified
                 from adapters.sglang.backend import process_setup
                 cfg = Config.from_json(msg["config"])
                 process_setup(cfg.page_size, cfg.spec_enabled)
-                reply = getattr(hybrid, cmd)(cfg)
-            elif cmd == "swa_unified_probe":     # adapters/sglang/swa_unified.py
-                from adapters.sglang import swa_unified
-                from adapters.sglang.backend import process_setup
-                cfg = Config.from_json(msg["config"])
-                process_setup(cfg.page_size, cfg.spec_enabled)
-                reply = swa_unified.swa_unified_probe(cfg, msg.get("names"))
+                if cmd == "swa_unified_probe":      # adapters/sglang/swa_unified.py
+                    reply = swa_unified.swa_unified_probe(cfg, msg.get("names"))
+                else:
+                    reply = getattr(hybrid, cmd)(cfg)
             elif cmd == "close":
                 if backend is not None:
                     backend.close()
