@@ -202,6 +202,24 @@ differ between processes (never the reduction's soundness); repr is the same in 
 process (tests comparing state sets across processes set it)."""
 
 
+def req_sig(r) -> tuple:
+    """A request's id-free signature in `state_key`: every field the spec reads, its ids,
+    row and anchor node left to the caller (which labels them)."""
+    ln = r.last_node
+    if ln is None:
+        anc = 0
+    elif ln[0] == "virtual":
+        anc = 1
+    elif r.locked:
+        anc = 2
+    else:
+        anc = 3
+    return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
+            r.row is None, r.committed, r.allocated, r.protected, anc, r.locked, r.to_finish,
+            r.finished_reason, r.finished_len, r.committed_freed, r.overallocated_freed,
+            r.is_retracted, r.extend_end, r.logprob_start)
+
+
 def state_key(s: State, symmetric: bool = True) -> tuple:
     """A hashable key such that two states with the same key have the same future up to
     renaming of page, row, session and request ids.
@@ -233,7 +251,8 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     slots = dict(s.slots)
 
     # ---- sessions and requests
-    sid_set = set(sessions) | set(slots)
+    sid_set = set(sessions)
+    sid_set.update(slots)
     for r in reqs.values():
         if r.session is not None:
             sid_set.add(r.session)
@@ -241,25 +260,9 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         if ln is not None and ln[0] == "virtual":
             sid_set.add(ln[1])
 
-    def req_sig(r):
-        ln = r.last_node
-        if ln is None:
-            anc = 0
-        elif ln[0] == "virtual":
-            anc = 1
-        elif r.locked:
-            anc = 2
-        else:
-            anc = 3
-        return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
-                r.row is None, r.committed, r.allocated, r.protected, anc, r.locked,
-                r.to_finish, r.finished_reason, r.finished_len, r.committed_freed,
-                r.overallocated_freed, r.is_retracted, r.extend_end, r.logprob_start)
-
     rsig = {rid: req_sig(r) for rid, r in reqs.items()}
     if symmetric and len(sid_set) <= 1 and len(reqs) <= 1:
-        sid_order = list(sid_set)
-        sid_l = {sid: 1 for sid in sid_order}
+        sid_l = {sid: 1 for sid in sid_set}
         rid_order = list(reqs)
         rid_l = {rid: 1 for rid in rid_order}
     elif symmetric:
@@ -279,33 +282,13 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
                                                                   sid_l.get(reqs[rid].session))))
         rid_l = {rid: i + 1 for i, rid in enumerate(rid_order)}
     else:
-        sid_order = sorted(sid_set)
-        sid_l = {sid: sid for sid in sid_order}
+        sid_l = {sid: sid for sid in sorted(sid_set)}
         rid_order = sorted(reqs)
         rid_l = {rid: rid for rid in rid_order}
 
-    # ---- nodes: path, pages, lock_ref, tick rank
-    nodes = dict(s.nodes)
-
-    def path(nid):
-        return nodes[nid].path
-
-    node_key, pages = _tree_key(s.nodes, symmetric)
-    if symmetric:
-        def pl(p):
-            if p is None:
-                return None
-            v = pages.get(p)
-            if v is None:
-                v = pages[p] = len(pages) + 1
-            return v
-    else:
-        def pl(p):
-            if p is not None:
-                pages[p] = p
-            return p
-
-    # ---- rows
+    # ---- nodes (path, pages, lock_ref, tick rank), then rows of requests and slots
+    nodes = s.nodes
+    node_key, pages = _tree_key(nodes, symmetric)
     row_alloc: dict = {}
     for r in reqs.values():
         if r.row is not None:
@@ -315,7 +298,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             row_alloc[t.row] = max(row_alloc.get(t.row, 0), t.allocated)
     rows: dict = {}
     row_keys = []
-    srows = dict(s.rows)
+    srows = s.rows
 
     def rl(row):
         if row is None:
@@ -323,8 +306,22 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         v = rows.get(row)
         if v is None:
             v = rows[row] = (len(rows) if symmetric else row)
-            n = -(-row_alloc[row] // P)
-            row_keys.append((v, tuple(pl(p) for p in srows[row][:n])))
+            held = dict.__getitem__(srows, row)[:-(-row_alloc[row] // P)]
+            if symmetric:
+                lab = []
+                for p in held:
+                    if p is not None:
+                        q = pages.get(p)
+                        if q is None:
+                            q = pages[p] = len(pages) + 1
+                        p = q
+                    lab.append(p)
+                row_keys.append((v, tuple(lab)))
+            else:
+                for p in held:
+                    if p is not None:
+                        pages[p] = p
+                row_keys.append((v, tuple(held)))
         return v
 
     def anchor(ln, locked):
@@ -334,33 +331,38 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             return ("v", sid_l.get(ln[1]))
         if not locked:
             return ("stale",)
-        nid = ln[1]
-        return ("n", path(nid)) if nid in nodes else ("gone", nid)
+        n = dict.get(nodes, ln[1])
+        return ("gone", ln[1]) if n is None else ("n", n.path)
 
-    req_key = tuple(
-        (rid_l[rid], sid_l.get(reqs[rid].session), rsig[rid], rl(reqs[rid].row),
-         anchor(reqs[rid].last_node, reqs[rid].locked))
-        for rid in rid_order)
+    req_key = []
+    for rid in rid_order:
+        r = reqs[rid]
+        req_key.append((rid_l[rid], sid_l.get(r.session), rsig[rid], rl(r.row),
+                        anchor(r.last_node, r.locked)))
     slot_key = tuple(
         (sid_l[sid], rl(t.row), t.committed, t.allocated, t.protected, anchor(t.last_node, True))
-        for sid, t in sorted(slots.items(), key=lambda x: sid_l[x[0]]))
+        for sid, t in (sorted(slots.items(), key=lambda x: sid_l[x[0]]) if len(slots) > 1
+                       else slots.items()))
     sess_key = tuple(
         (sid_l[sid], None if x.inflight_rid is None else rid_l.get(x.inflight_rid, ("dead",)),
          x.checkpoint, x.close_pending)
-        for sid, x in sorted(sessions.items(), key=lambda x: sid_l[x[0]]))
+        for sid, x in (sorted(sessions.items(), key=lambda x: sid_l[x[0]]) if len(sessions) > 1
+                       else sessions.items()))
 
     content = s.content
-    free = s.free_pages
     if symmetric:
-        free_key = tuple(sorted(pages.get(p, 0) for p in free))
-        content_key = tuple((v, content.get(p)) for p, v in pages.items())
-        free_rows = tuple(sorted(rows.get(r, -9) for r in s.free_rows))
+        get = pages.get
+        free_key = tuple(sorted([get(p, 0) for p in s.free_pages]))
+        cget = content.get
+        content_key = tuple([(v, cget(p)) for p, v in pages.items()])
+        get = rows.get
+        free_rows = tuple(sorted([get(r, -9) for r in s.free_rows]))
     else:
-        free_key = tuple(free)
+        free_key = tuple(s.free_pages)
         content_key = tuple(sorted(content.items()))
         free_rows = tuple(s.free_rows)
-    key = (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
-           free_rows, s.evictable_size, s.protected_size)
+    key = (node_key, tuple(req_key), slot_key, sess_key, tuple(row_keys), content_key,
+           free_key, free_rows, s.evictable_size, s.protected_size)
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
 
 
