@@ -260,11 +260,13 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         if ln is not None and ln[0] == "virtual":
             sid_set.add(ln[1])
 
-    rsig = {rid: req_sig(r) for rid, r in reqs.items()}
+    rsig = {}
+    for rid, r in reqs.items():
+        rsig[rid] = req_sig(r)
     if symmetric and len(sid_set) <= 1 and len(reqs) <= 1:
-        sid_l = {sid: 1 for sid in sid_set}
+        sid_l = dict.fromkeys(sid_set, 1)
         rid_order = list(reqs)
-        rid_l = {rid: 1 for rid in rid_order}
+        rid_l = dict.fromkeys(rid_order, 1)
     elif symmetric:
         def sess_sig(sid):
             x = sessions.get(sid)
@@ -350,13 +352,10 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
                        else sessions.items()))
 
     content = s.content
-    if symmetric:
-        get = pages.get
-        free_key = tuple(sorted([get(p, 0) for p in s.free_pages]))
-        cget = content.get
-        content_key = tuple([(v, cget(p)) for p, v in pages.items()])
-        get = rows.get
-        free_rows = tuple(sorted([get(r, -9) for r in s.free_rows]))
+    if symmetric:               # map and zip: no per-call comprehension frames
+        free_key = tuple(sorted(map(pages.get, s.free_pages, itertools.repeat(0))))
+        content_key = tuple(zip(pages.values(), map(content.get, pages)))
+        free_rows = tuple(sorted(map(rows.get, s.free_rows, itertools.repeat(-9))))
     else:
         free_key = tuple(s.free_pages)
         content_key = tuple(sorted(content.items()))
@@ -766,15 +765,17 @@ def step_check_needed(b: State, op, out: str, a: State) -> bool:
     for nid, n in dict.items(b.nodes):
         if n.lock_ref > 0 and nid not in an:
             return True
-    aslots = dict(a.slots)
+    get = dict.get                  # reads; an entity the step did not touch is shared
+    aslots = a.slots
     for sid, t in dict.items(b.slots):
-        u = aslots.get(sid)
-        if u is not None and (u.protected != t.protected or u.last_node != t.last_node):
+        u = get(aslots, sid)
+        if u is not None and u is not t and (u.protected != t.protected
+                                             or u.last_node != t.last_node):
             return True
-    asess = dict(a.sessions)
+    asess = a.sessions
     for sid, x in dict.items(b.sessions):
-        y = asess.get(sid)
-        if y is not None and y.checkpoint != x.checkpoint:
+        y = get(asess, sid)
+        if y is not None and y is not x and y.checkpoint != x.checkpoint:
             return True
     return False
 
@@ -944,18 +945,21 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
         return out
 
     stop_at_level_end = False
+    op_counts, outcome_counts = res.op_counts, res.outcome_counts
+    op_first, outcome_first = res.op_first, res.outcome_first
+    step, enabled_ops = M.step, candidate_ops
     while frontier and not stop:
         if depth >= sc.max_depth or stop_at_level_end:
             break
         nxt = []
         d1 = depth + 1
         for idx, s, a in frontier:
-            for op in candidate_ops(s, sc, symmetric):
+            for op in enabled_ops(s, sc, symmetric):
                 res.transitions += 1
                 name = op.name
-                res.op_counts[name] += 1
+                op_counts[name] += 1
                 try:
-                    s2, out = M.step(s, op, checked=True)
+                    s2, out = step(s, op, True)
                 except M.ModelError as e:
                     found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
                                   str(e), d1, trace_of(idx, op))
@@ -975,11 +979,11 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                             stop_at_level_end = True
                     continue
                 oc = (name, out)
-                res.outcome_counts[oc] += 1
-                if name not in res.op_first:
-                    res.op_first[name] = d1
-                if oc not in res.outcome_first:
-                    res.outcome_first[oc] = d1
+                outcome_counts[oc] += 1
+                if name not in op_first:
+                    op_first[name] = d1
+                if oc not in outcome_first:
+                    outcome_first[oc] = d1
                 if pending_sits:
                     hit = [x for x in pending_sits if x.detect(cfg, s, op, out, s2)]
                     for x in hit:
