@@ -183,7 +183,8 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     access = s.tick
     nid, pages, i = ROOT, [], 0
     while i < len(key):
-        cid = s.nodes[nid].children.get(_page_key(s, key, i))
+        # a read (the root is never stamped: a walk that matches nothing copies no node)
+        cid = dict.__getitem__(s.nodes, nid).children.get(_page_key(s, key, i))
         if cid is None:
             break
         child = s.nodes[cid]
