@@ -1,7 +1,7 @@
 """Distinct states per second of `kvcheck explore` on a fixed preset, one core, invariants on.
 
     python -m benchmarks.bench_explore [--preset bench] [--max-depth N] [--breakdown]
-    python -m benchmarks.bench_explore --against main [--rounds 3] [--compiled]
+    python -m benchmarks.bench_explore --against main [--rounds 3] [--compiled] [--all-scopes]
 
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
@@ -10,7 +10,7 @@ State.clone), state_key, the fast invariant verdict, spec.view.abstract, check_s
 reference, which the search runs only on a state the fast verdict does not call clean)
 and check_step.
 
-`--against REV` explores the preset's first scope with git revision REV's explorer
+`--against REV` explores the preset's first scope (`--all-scopes`: all of them) with git revision REV's explorer
 (exported with `git archive` into build/against/REV-SHA, kept so that its Cython build is
 made once) and with this tree's, in alternating subprocesses, `--rounds` times each, and
 prints states per CPU-second with the medians and the load average: the before/after
@@ -20,6 +20,7 @@ this tree's must be current, `make cython`).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from dataclasses import replace
@@ -32,10 +33,19 @@ from spec.view import abstract
 
 
 def _per_call(fn, xs) -> float:
-    t = time.perf_counter()
-    for x in xs:
-        fn(x)
-    return (time.perf_counter() - t) / max(len(xs), 1) * 1e6
+    """CPU microseconds per call (this process's: a shared machine's other jobs are not
+    charged), with the cyclic collector paused as `explore` pauses it (a collection of the
+    sample's states inside one row would be charged to that row)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        t = time.process_time()
+        for x in xs:
+            fn(x)
+        return (time.process_time() - t) / max(len(xs), 1) * 1e6
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def breakdown(sc, sample: int = 2000) -> None:
@@ -179,43 +189,48 @@ def _rate_in(tree, sc, compiled: bool) -> tuple:
     return d["states"], d["transitions"], d["cpu_s"]
 
 
-def against(rev: str, sc, rounds: int, compiled: bool, out=print) -> dict:
+def against(rev: str, scopes, rounds: int, compiled: bool, out=print) -> dict:
     """{rev: [states/cpu-s], "this tree": [...]}, the two trees alternating round by round
-    (a shared machine's load hits both alike); both must explore the same state count."""
+    (a shared machine's load hits both alike); a round explores every scope in `scopes`
+    (each in its own subprocess) and counts their states and CPU seconds together. Both
+    trees must explore the same state counts."""
     import statistics
     import subprocess
     import sys
-    from pathlib import Path
 
     from benchmarks.bench_diff import export_rev
     from kvcheck import compiled as C
     sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=C.ROOT, capture_output=True,
                          text=True, check=True).stdout.strip()
     tree = C.ROOT / "build" / "against" / sha
+    env = dict(os.environ, PYTHONPATH=str(tree))
     if not (tree / "kvcheck").exists():
         tree.mkdir(parents=True, exist_ok=True)
         export_rev(rev, tree)
     if compiled:
         C.check_build()
         if subprocess.run([sys.executable, "-c", "from kvcheck import compiled as C; C.check_build()"],
-                          cwd=tree, env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True).returncode:
+                          cwd=tree, env=env, capture_output=True).returncode:
             out(f"building {rev} ({sha}) with Cython in {tree.relative_to(C.ROOT)} ...", flush=True)
-            subprocess.run([sys.executable, "-m", "kvcheck.compiled", "build"], cwd=tree,
-                           env=dict(os.environ, PYTHONPATH=str(tree)), check=True)
+            subprocess.run([sys.executable, "-m", "kvcheck.compiled", "build"], cwd=tree, env=env,
+                           check=True)
     res: dict = {f"{rev} ({sha})": [], "this tree": []}
     counts = set()
     for k in range(rounds):
         for name, t in zip(res, (tree, C.ROOT)):
-            states, trans, cpu = _rate_in(t, sc, compiled)
-            counts.add((states, trans))
+            runs = [(sc.name,) + _rate_in(t, sc, compiled) for sc in scopes]
+            states, trans, cpu = (sum(r[i] for r in runs) for i in (1, 2, 3))
+            counts.add(tuple(r[1:3] for r in runs))
             res[name].append(states / cpu)
+            parts = ("" if len(runs) == 1 else
+                     " (" + ", ".join(f"{n} {c:.2f}" for n, _, _, c in runs) + ")")
             out(f"round {k + 1}: {name:<16} {states} states, {trans} transitions, {cpu:6.2f} "
-                f"cpu-s: {res[name][-1]:7,.0f} states/cpu-s", flush=True)
+                f"cpu-s{parts}: {res[name][-1]:7,.0f} states/cpu-s", flush=True)
     (a, ra), (b, rb) = res.items()
     ma, mb = statistics.median(ra), statistics.median(rb)
-    out(f"{sc.name} ({'compiled' if compiled else 'interpreted'}), states per CPU-second, "
-        f"median of {rounds}: {a} {ma:,.0f}, this tree {mb:,.0f} (x{mb / ma:.2f}; "
-        f"load average {os.getloadavg()[0]:.1f})")
+    out(f"{'+'.join(sc.name for sc in scopes)} ({'compiled' if compiled else 'interpreted'}), "
+        f"states per CPU-second, median of {rounds}: {a} {ma:,.0f}, this tree {mb:,.0f} "
+        f"(x{mb / ma:.2f}; load average {os.getloadavg()[0]:.1f})")
     if len(counts) != 1:
         out(f"WARNING: the runs explored different state counts: {sorted(counts)}")
     return res
@@ -229,12 +244,17 @@ def main(argv=None) -> int:
     ap.add_argument("--against", metavar="REV", help="side by side with git revision REV")
     ap.add_argument("--rounds", type=int, default=3, help="with --against: runs of each tree")
     ap.add_argument("--compiled", action="store_true", help="with --against: Cython builds")
+    ap.add_argument("--all-scopes", action="store_true",
+                    help="with --against: every scope of the preset (e.g. check: make check's)")
     args = ap.parse_args(argv)
     sc = E.PRESETS[args.preset][0]
     if args.max_depth is not None:
         sc = replace(sc, max_depth=args.max_depth)
     if args.against:
-        against(args.against, sc, args.rounds, args.compiled)
+        scopes = [sc] if not args.all_scopes else [
+            replace(x, max_depth=args.max_depth) if args.max_depth is not None else x
+            for x in E.PRESETS[args.preset]]
+        against(args.against, scopes, args.rounds, args.compiled)
         return 0
     print(sc.describe())
     res = E.explore(sc)

@@ -761,9 +761,9 @@ def step_check_needed(b: State, op, out: str, a: State) -> bool:
         if r is not None and r.row is not None and r.last_node is not None \
                 and r.last_node[0] == "virtual":
             return True
-    an = a.nodes                    # key lookups only: `in` copies nothing
-    for nid, n in dict.items(b.nodes):
-        if n.lock_ref > 0 and nid not in an:
+    bn = b.nodes                    # key views and plain reads: nothing is copied
+    for nid in dict.keys(bn) - dict.keys(a.nodes):
+        if dict.__getitem__(bn, nid).lock_ref > 0:
             return True
     get = dict.get                  # reads; an entity the step did not touch is shared
     aslots = a.slots
