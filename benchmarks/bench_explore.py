@@ -1,6 +1,7 @@
 """Distinct states per second of `kvcheck explore` on a fixed preset, one core, invariants on.
 
     python -m benchmarks.bench_explore [--preset bench] [--max-depth N] [--breakdown]
+    python -m benchmarks.bench_explore --against main [--rounds 3] [--compiled] [--all-scopes]
 
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
@@ -8,10 +9,19 @@ sample of the visited states: candidate ops (spec guards), spec.model.step (of w
 State.clone), state_key, the fast invariant verdict, spec.view.abstract, check_state (the
 reference, which the search runs only on a state the fast verdict does not call clean)
 and check_step.
+
+`--against REV` explores the preset's first scope (`--all-scopes`: all of them) with git revision REV's explorer
+(exported with `git archive` into build/against/REV-SHA, kept so that its Cython build is
+made once) and with this tree's, in alternating subprocesses, `--rounds` times each, and
+prints states per CPU-second with the medians and the load average: the before/after
+figure of one run. `--compiled`: both on their Cython builds (REV's is built on first use;
+this tree's must be current, `make cython`).
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import os
 import time
 from dataclasses import replace
 
@@ -23,10 +33,19 @@ from spec.view import abstract
 
 
 def _per_call(fn, xs) -> float:
-    t = time.perf_counter()
-    for x in xs:
-        fn(x)
-    return (time.perf_counter() - t) / max(len(xs), 1) * 1e6
+    """CPU microseconds per call (this process's: a shared machine's other jobs are not
+    charged), with the cyclic collector paused as `explore` pauses it (a collection of the
+    sample's states inside one row would be charged to that row)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        t = time.process_time()
+        for x in xs:
+            fn(x)
+        return (time.process_time() - t) / max(len(xs), 1) * 1e6
+    finally:
+        if was_on:
+            gc.enable()
 
 
 def breakdown(sc, sample: int = 2000) -> None:
@@ -151,15 +170,92 @@ def compiled_run(sc):
     return d["states"], d["transitions"], d["cpu_s"]
 
 
+def _rate_in(tree, sc, compiled: bool) -> tuple:
+    """(states, transitions, cpu s) of one exploration of `sc` (a preset's scope, by name)
+    by a fresh interpreter importing `tree`'s sources."""
+    import json
+    import os
+    import subprocess
+    import sys
+    run = COMPILED_RUN if compiled else BEFORE_RUN
+    p = subprocess.run([sys.executable, "-c", run, sc.name, str(sc.max_depth)], cwd=tree,
+                       env=dict(os.environ, PYTHONPATH=str(tree)), capture_output=True,
+                       text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"the run in {tree} failed: {p.stderr.strip()[-400:]}")
+    d = json.loads(p.stdout)
+    if compiled and not d["compiled"]:
+        raise RuntimeError(f"{tree}: the compiled run imported the sources")
+    return d["states"], d["transitions"], d["cpu_s"]
+
+
+def against(rev: str, scopes, rounds: int, compiled: bool, out=print) -> dict:
+    """{rev: [states/cpu-s], "this tree": [...]}, the two trees alternating round by round
+    (a shared machine's load hits both alike); a round explores every scope in `scopes`
+    (each in its own subprocess) and counts their states and CPU seconds together. Both
+    trees must explore the same state counts."""
+    import statistics
+    import subprocess
+    import sys
+
+    from benchmarks.bench_diff import export_rev
+    from kvcheck import compiled as C
+    sha = subprocess.run(["git", "rev-parse", "--short", rev], cwd=C.ROOT, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    tree = C.ROOT / "build" / "against" / sha
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    if not (tree / "kvcheck").exists():
+        tree.mkdir(parents=True, exist_ok=True)
+        export_rev(rev, tree)
+    if compiled:
+        C.check_build()
+        if subprocess.run([sys.executable, "-c", "from kvcheck import compiled as C; C.check_build()"],
+                          cwd=tree, env=env, capture_output=True).returncode:
+            out(f"building {rev} ({sha}) with Cython in {tree.relative_to(C.ROOT)} ...", flush=True)
+            subprocess.run([sys.executable, "-m", "kvcheck.compiled", "build"], cwd=tree, env=env,
+                           check=True)
+    res: dict = {f"{rev} ({sha})": [], "this tree": []}
+    counts = set()
+    for k in range(rounds):
+        for name, t in zip(res, (tree, C.ROOT)):
+            runs = [(sc.name,) + _rate_in(t, sc, compiled) for sc in scopes]
+            states, trans, cpu = (sum(r[i] for r in runs) for i in (1, 2, 3))
+            counts.add(tuple(r[1:3] for r in runs))
+            res[name].append(states / cpu)
+            parts = ("" if len(runs) == 1 else
+                     " (" + ", ".join(f"{n} {c:.2f}" for n, _, _, c in runs) + ")")
+            out(f"round {k + 1}: {name:<16} {states} states, {trans} transitions, {cpu:6.2f} "
+                f"cpu-s{parts}: {res[name][-1]:7,.0f} states/cpu-s", flush=True)
+    (a, ra), (b, rb) = res.items()
+    ma, mb = statistics.median(ra), statistics.median(rb)
+    out(f"{'+'.join(sc.name for sc in scopes)} ({'compiled' if compiled else 'interpreted'}), "
+        f"states per CPU-second, median of {rounds}: {a} {ma:,.0f}, this tree {mb:,.0f} "
+        f"(x{mb / ma:.2f}; load average {os.getloadavg()[0]:.1f})")
+    if len(counts) != 1:
+        out(f"WARNING: the runs explored different state counts: {sorted(counts)}")
+    return res
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_explore")
     ap.add_argument("--preset", default="bench")
     ap.add_argument("--max-depth", type=int)
     ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--against", metavar="REV", help="side by side with git revision REV")
+    ap.add_argument("--rounds", type=int, default=3, help="with --against: runs of each tree")
+    ap.add_argument("--compiled", action="store_true", help="with --against: Cython builds")
+    ap.add_argument("--all-scopes", action="store_true",
+                    help="with --against: every scope of the preset (e.g. check: make check's)")
     args = ap.parse_args(argv)
     sc = E.PRESETS[args.preset][0]
     if args.max_depth is not None:
         sc = replace(sc, max_depth=args.max_depth)
+    if args.against:
+        scopes = [sc] if not args.all_scopes else [
+            replace(x, max_depth=args.max_depth) if args.max_depth is not None else x
+            for x in E.PRESETS[args.preset]]
+        against(args.against, scopes, args.rounds, args.compiled)
+        return 0
     print(sc.describe())
     res = E.explore(sc)
     print(f"explore: {res.states} distinct states, {res.transitions} transitions, "

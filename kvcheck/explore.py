@@ -202,6 +202,24 @@ differ between processes (never the reduction's soundness); repr is the same in 
 process (tests comparing state sets across processes set it)."""
 
 
+def req_sig(r) -> tuple:
+    """A request's id-free signature in `state_key`: every field the spec reads, its ids,
+    row and anchor node left to the caller (which labels them)."""
+    ln = r.last_node
+    if ln is None:
+        anc = 0
+    elif ln[0] == "virtual":
+        anc = 1
+    elif r.locked:
+        anc = 2
+    else:
+        anc = 3
+    return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
+            r.row is None, r.committed, r.allocated, r.protected, anc, r.locked, r.to_finish,
+            r.finished_reason, r.finished_len, r.committed_freed, r.overallocated_freed,
+            r.is_retracted, r.extend_end, r.logprob_start)
+
+
 def state_key(s: State, symmetric: bool = True) -> tuple:
     """A hashable key such that two states with the same key have the same future up to
     renaming of page, row, session and request ids.
@@ -233,7 +251,8 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     slots = dict(s.slots)
 
     # ---- sessions and requests
-    sid_set = set(sessions) | set(slots)
+    sid_set = set(sessions)
+    sid_set.update(slots)
     for r in reqs.values():
         if r.session is not None:
             sid_set.add(r.session)
@@ -241,27 +260,13 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         if ln is not None and ln[0] == "virtual":
             sid_set.add(ln[1])
 
-    def req_sig(r):
-        ln = r.last_node
-        if ln is None:
-            anc = 0
-        elif ln[0] == "virtual":
-            anc = 1
-        elif r.locked:
-            anc = 2
-        else:
-            anc = 3
-        return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
-                r.row is None, r.committed, r.allocated, r.protected, anc, r.locked,
-                r.to_finish, r.finished_reason, r.finished_len, r.committed_freed,
-                r.overallocated_freed, r.is_retracted, r.extend_end, r.logprob_start)
-
-    rsig = {rid: req_sig(r) for rid, r in reqs.items()}
+    rsig = {}
+    for rid, r in reqs.items():
+        rsig[rid] = req_sig(r)
     if symmetric and len(sid_set) <= 1 and len(reqs) <= 1:
-        sid_order = list(sid_set)
-        sid_l = {sid: 1 for sid in sid_order}
+        sid_l = dict.fromkeys(sid_set, 1)
         rid_order = list(reqs)
-        rid_l = {rid: 1 for rid in rid_order}
+        rid_l = dict.fromkeys(rid_order, 1)
     elif symmetric:
         def sess_sig(sid):
             x = sessions.get(sid)
@@ -279,33 +284,13 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
                                                                   sid_l.get(reqs[rid].session))))
         rid_l = {rid: i + 1 for i, rid in enumerate(rid_order)}
     else:
-        sid_order = sorted(sid_set)
-        sid_l = {sid: sid for sid in sid_order}
+        sid_l = {sid: sid for sid in sorted(sid_set)}
         rid_order = sorted(reqs)
         rid_l = {rid: rid for rid in rid_order}
 
-    # ---- nodes: path, pages, lock_ref, tick rank
-    nodes = dict(s.nodes)
-
-    def path(nid):
-        return nodes[nid].path
-
-    node_key, pages = _tree_key(s.nodes, symmetric)
-    if symmetric:
-        def pl(p):
-            if p is None:
-                return None
-            v = pages.get(p)
-            if v is None:
-                v = pages[p] = len(pages) + 1
-            return v
-    else:
-        def pl(p):
-            if p is not None:
-                pages[p] = p
-            return p
-
-    # ---- rows
+    # ---- nodes (path, pages, lock_ref, tick rank), then rows of requests and slots
+    nodes = s.nodes
+    node_key, pages = _tree_key(nodes, symmetric)
     row_alloc: dict = {}
     for r in reqs.values():
         if r.row is not None:
@@ -315,7 +300,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             row_alloc[t.row] = max(row_alloc.get(t.row, 0), t.allocated)
     rows: dict = {}
     row_keys = []
-    srows = dict(s.rows)
+    srows = s.rows
 
     def rl(row):
         if row is None:
@@ -323,8 +308,22 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         v = rows.get(row)
         if v is None:
             v = rows[row] = (len(rows) if symmetric else row)
-            n = -(-row_alloc[row] // P)
-            row_keys.append((v, tuple(pl(p) for p in srows[row][:n])))
+            held = dict.__getitem__(srows, row)[:-(-row_alloc[row] // P)]
+            if symmetric:
+                lab = []
+                for p in held:
+                    if p is not None:
+                        q = pages.get(p)
+                        if q is None:
+                            q = pages[p] = len(pages) + 1
+                        p = q
+                    lab.append(p)
+                row_keys.append((v, tuple(lab)))
+            else:
+                for p in held:
+                    if p is not None:
+                        pages[p] = p
+                row_keys.append((v, tuple(held)))
         return v
 
     def anchor(ln, locked):
@@ -334,33 +333,35 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
             return ("v", sid_l.get(ln[1]))
         if not locked:
             return ("stale",)
-        nid = ln[1]
-        return ("n", path(nid)) if nid in nodes else ("gone", nid)
+        n = dict.get(nodes, ln[1])
+        return ("gone", ln[1]) if n is None else ("n", n.path)
 
-    req_key = tuple(
-        (rid_l[rid], sid_l.get(reqs[rid].session), rsig[rid], rl(reqs[rid].row),
-         anchor(reqs[rid].last_node, reqs[rid].locked))
-        for rid in rid_order)
+    req_key = []
+    for rid in rid_order:
+        r = reqs[rid]
+        req_key.append((rid_l[rid], sid_l.get(r.session), rsig[rid], rl(r.row),
+                        anchor(r.last_node, r.locked)))
     slot_key = tuple(
         (sid_l[sid], rl(t.row), t.committed, t.allocated, t.protected, anchor(t.last_node, True))
-        for sid, t in sorted(slots.items(), key=lambda x: sid_l[x[0]]))
+        for sid, t in (sorted(slots.items(), key=lambda x: sid_l[x[0]]) if len(slots) > 1
+                       else slots.items()))
     sess_key = tuple(
         (sid_l[sid], None if x.inflight_rid is None else rid_l.get(x.inflight_rid, ("dead",)),
          x.checkpoint, x.close_pending)
-        for sid, x in sorted(sessions.items(), key=lambda x: sid_l[x[0]]))
+        for sid, x in (sorted(sessions.items(), key=lambda x: sid_l[x[0]]) if len(sessions) > 1
+                       else sessions.items()))
 
     content = s.content
-    free = s.free_pages
-    if symmetric:
-        free_key = tuple(sorted(pages.get(p, 0) for p in free))
-        content_key = tuple((v, content.get(p)) for p, v in pages.items())
-        free_rows = tuple(sorted(rows.get(r, -9) for r in s.free_rows))
+    if symmetric:               # map and zip: no per-call comprehension frames
+        free_key = tuple(sorted(map(pages.get, s.free_pages, itertools.repeat(0))))
+        content_key = tuple(zip(pages.values(), map(content.get, pages)))
+        free_rows = tuple(sorted(map(rows.get, s.free_rows, itertools.repeat(-9))))
     else:
-        free_key = tuple(free)
+        free_key = tuple(s.free_pages)
         content_key = tuple(sorted(content.items()))
         free_rows = tuple(s.free_rows)
-    key = (node_key, req_key, slot_key, sess_key, tuple(row_keys), content_key, free_key,
-           free_rows, s.evictable_size, s.protected_size)
+    key = (node_key, tuple(req_key), slot_key, sess_key, tuple(row_keys), content_key,
+           free_key, free_rows, s.evictable_size, s.protected_size)
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
 
 
@@ -760,19 +761,21 @@ def step_check_needed(b: State, op, out: str, a: State) -> bool:
         if r is not None and r.row is not None and r.last_node is not None \
                 and r.last_node[0] == "virtual":
             return True
-    an = a.nodes                    # key lookups only: `in` copies nothing
-    for nid, n in dict.items(b.nodes):
-        if n.lock_ref > 0 and nid not in an:
+    bn = b.nodes                    # key views and plain reads: nothing is copied
+    for nid in dict.keys(bn) - dict.keys(a.nodes):
+        if dict.__getitem__(bn, nid).lock_ref > 0:
             return True
-    aslots = dict(a.slots)
+    get = dict.get                  # reads; an entity the step did not touch is shared
+    aslots = a.slots
     for sid, t in dict.items(b.slots):
-        u = aslots.get(sid)
-        if u is not None and (u.protected != t.protected or u.last_node != t.last_node):
+        u = get(aslots, sid)
+        if u is not None and u is not t and (u.protected != t.protected
+                                             or u.last_node != t.last_node):
             return True
-    asess = dict(a.sessions)
+    asess = a.sessions
     for sid, x in dict.items(b.sessions):
-        y = asess.get(sid)
-        if y is not None and y.checkpoint != x.checkpoint:
+        y = get(asess, sid)
+        if y is not None and y is not x and y.checkpoint != x.checkpoint:
             return True
     return False
 
@@ -942,18 +945,21 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
         return out
 
     stop_at_level_end = False
+    op_counts, outcome_counts = res.op_counts, res.outcome_counts
+    op_first, outcome_first = res.op_first, res.outcome_first
+    step, enabled_ops = M.step, candidate_ops
     while frontier and not stop:
         if depth >= sc.max_depth or stop_at_level_end:
             break
         nxt = []
         d1 = depth + 1
         for idx, s, a in frontier:
-            for op in candidate_ops(s, sc, symmetric):
+            for op in enabled_ops(s, sc, symmetric):
                 res.transitions += 1
                 name = op.name
-                res.op_counts[name] += 1
+                op_counts[name] += 1
                 try:
-                    s2, out = M.step(s, op, checked=True)
+                    s2, out = step(s, op, True)
                 except M.ModelError as e:
                     found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
                                   str(e), d1, trace_of(idx, op))
@@ -973,11 +979,11 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                             stop_at_level_end = True
                     continue
                 oc = (name, out)
-                res.outcome_counts[oc] += 1
-                if name not in res.op_first:
-                    res.op_first[name] = d1
-                if oc not in res.outcome_first:
-                    res.outcome_first[oc] = d1
+                outcome_counts[oc] += 1
+                if name not in op_first:
+                    op_first[name] = d1
+                if oc not in outcome_first:
+                    outcome_first[oc] = d1
                 if pending_sits:
                     hit = [x for x in pending_sits if x.detect(cfg, s, op, out, s2)]
                     for x in hit:

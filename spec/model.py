@@ -183,7 +183,8 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     access = s.tick
     nid, pages, i = ROOT, [], 0
     while i < len(key):
-        cid = s.nodes[nid].children.get(_page_key(s, key, i))
+        # a read (the root is never stamped: a walk that matches nothing copies no node)
+        cid = dict.__getitem__(s.nodes, nid).children.get(_page_key(s, key, i))
         if cid is None:
             break
         child = s.nodes[cid]
@@ -1250,79 +1251,133 @@ def refused(s: State, op: O.Op) -> Optional[str]:
     aborting a request that is not live (`abort_request` finds no such rid: it finished
     or never came). A turn for a session that is not open is answered with an aborted
     stub instead (`_submit_turn`)."""
-    if isinstance(op, O.OpenSession):
+    kind = _REFUSABLE.get(type(op))
+    if kind is None:
+        return None
+    if kind == "open":
         return "refused" if op.sid in s.sessions else None
-    if isinstance(op, O.CloseSession):
+    if kind == "close":
         return "refused" if op.sid not in s.sessions else None
-    if isinstance(op, CLIENT_ABORTS):
-        return "refused" if op.rid not in s.reqs else None
-    return None
+    return "refused" if op.rid not in s.reqs else None
+
+
+_REFUSABLE = {O.OpenSession: "open", O.CloseSession: "close",
+              **{t: "abort" for t in CLIENT_ABORTS}}
+"""The operations `refused` can answer, by exact type (the operations are final classes)."""
 
 
 def refusal(s: State, op: O.Op) -> Optional[str]:
     """The guard of each operation (when upstream's scheduler could issue it, or a client
     send it: `refused`): None when op is enabled in s, else the reason the guard refuses
-    it, naming the part that fails."""
-    cfg = s.cfg
-    rid = getattr(op, "rid", None)
-    req = dict.get(s.reqs, rid) if rid is not None else None      # reads: no copy-on-write
+    it, naming the part that fails. One guard per operation (`_GUARDS`, by type: the
+    explorer asks about twenty a state); an operation on a request first needs it live."""
     if refused(s, op):
         return None
-    if isinstance(op, O.OpenSession):
-        return f"session {op.sid} is already in use" if _sid_in_use(s, op.sid) else None
-    if isinstance(op, O.SubmitTurn):
-        sess = dict.get(s.sessions, op.sid)
-        return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
-                or _context_refusal(s, len(sess.checkpoint if sess else ()) + len(op.new_tokens),
-                                    op.max_new_tokens))
-    if isinstance(op, O.SubmitRequest):
-        return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens)
-                or _context_refusal(s, len(op.tokens), op.max_new_tokens))
-    if isinstance(op, O.CloseSession):
-        return None             # a closing session's close is deferred again (`_close`)
-    if isinstance(op, O.Evict):
-        return None if op.num_tokens >= 1 else "evict needs num_tokens >= 1"
+    guard = _GUARDS.get(type(op))
+    if guard is not None and not guard[1]:
+        return guard[0](s, op)
+    rid = getattr(op, "rid", None)
+    req = dict.get(s.reqs, rid) if rid is not None else None      # reads: no copy-on-write
     if req is None:
         return f"request {rid} does not exist (never submitted, or already finished)"
-    if isinstance(op, O.Schedule):
-        return _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
-    if isinstance(op, O.AbortQueued):
-        return _phase_refusal(req, ("queued",))
-    if isinstance(op, O.QueueReject):
-        # at the queue door: not matched since it (re-)entered the queue (over-approximated:
-        # any time before its next schedule, not only at the door)
-        return (_phase_refusal(req, ("queued",))
-                or (f"request {rid} has matched a prefix since it entered the queue"
-                    if req.last_node is not None else None))
-    if isinstance(op, O.PreAbort):
-        # before matching: to_finish is set when a request is created or re-queued,
-        # never on one that already matched (a restored request holds the slot's row)
-        return (_phase_refusal(req, ("queued",))
-                or (f"request {rid} is already marked to finish" if req.to_finish else None)
-                or (f"request {rid} has already matched a prefix" if req.last_node is not None
-                    else None))
-    if isinstance(op, O.PrefillChunk):
-        return _phase_refusal(req, ("prefill",))
-    if isinstance(op, O.AbortRunning):
-        return _phase_refusal(req, ("prefill", "decode"))
-    if isinstance(op, O.Decode):
-        return (_phase_refusal(req, ("decode",))
-                or ("config.spec_enabled is true: decode steps are spec_decode"
-                    if cfg.spec_enabled else None)
-                or _output_refusal(req))
-    if isinstance(op, O.SpecDecode):
-        return (_phase_refusal(req, ("decode",))
-                or (None if cfg.spec_enabled else "config.spec_enabled is false")
-                or (None if 1 <= op.drafts <= cfg.max_drafts else
-                    f"drafts must be in [1, config.max_drafts={cfg.max_drafts}], got {op.drafts}")
-                or (None if 0 <= op.accepted <= op.drafts else
-                    f"accepted must be in [0, drafts={op.drafts}], got {op.accepted}")
-                or _output_refusal(req)
-                or (None if req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len else
-                    f"request {rid}'s drafts would pass config.max_context_len"))
-    if isinstance(op, (O.Finish, O.Retract)):
-        return _phase_refusal(req, ("decode",))
-    return f"unknown operation {op.name!r}"
+    if guard is None:
+        return f"unknown operation {op.name!r}"
+    return guard[0](s, op, req)
+
+
+def _open_refusal(s: State, op: O.OpenSession) -> Optional[str]:
+    return f"session {op.sid} is already in use" if _sid_in_use(s, op.sid) else None
+
+
+def _turn_refusal(s: State, op: O.SubmitTurn) -> Optional[str]:
+    sess = dict.get(s.sessions, op.sid)
+    return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
+            or _context_refusal(s, len(sess.checkpoint if sess else ()) + len(op.new_tokens),
+                                op.max_new_tokens))
+
+
+def _request_refusal(s: State, op: O.SubmitRequest) -> Optional[str]:
+    return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens)
+            or _context_refusal(s, len(op.tokens), op.max_new_tokens))
+
+
+def _close_refusal(s: State, op: O.CloseSession) -> Optional[str]:
+    return None                 # a closing session's close is deferred again (`_close`)
+
+
+def _evict_refusal(s: State, op: O.Evict) -> Optional[str]:
+    return None if op.num_tokens >= 1 else "evict needs num_tokens >= 1"
+
+
+def _schedule_refusal(s: State, op: O.Schedule, req: Req) -> Optional[str]:
+    return _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
+
+
+def _abort_queued_refusal(s: State, op: O.AbortQueued, req: Req) -> Optional[str]:
+    return _phase_refusal(req, ("queued",))
+
+
+def _queue_reject_refusal(s: State, op: O.QueueReject, req: Req) -> Optional[str]:
+    # at the queue door: not matched since it (re-)entered the queue (over-approximated:
+    # any time before its next schedule, not only at the door)
+    return (_phase_refusal(req, ("queued",))
+            or (f"request {op.rid} has matched a prefix since it entered the queue"
+                if req.last_node is not None else None))
+
+
+def _pre_abort_refusal(s: State, op: O.PreAbort, req: Req) -> Optional[str]:
+    # before matching: to_finish is set when a request is created or re-queued,
+    # never on one that already matched (a restored request holds the slot's row)
+    return (_phase_refusal(req, ("queued",))
+            or (f"request {op.rid} is already marked to finish" if req.to_finish else None)
+            or (f"request {op.rid} has already matched a prefix" if req.last_node is not None
+                else None))
+
+
+def _prefill_chunk_refusal(s: State, op: O.PrefillChunk, req: Req) -> Optional[str]:
+    return _phase_refusal(req, ("prefill",))
+
+
+def _abort_running_refusal(s: State, op: O.AbortRunning, req: Req) -> Optional[str]:
+    return _phase_refusal(req, ("prefill", "decode"))
+
+
+def _decode_refusal(s: State, op: O.Decode, req: Req) -> Optional[str]:
+    return (_phase_refusal(req, ("decode",))
+            or ("config.spec_enabled is true: decode steps are spec_decode"
+                if s.cfg.spec_enabled else None)
+            or _output_refusal(req))
+
+
+def _spec_decode_refusal(s: State, op: O.SpecDecode, req: Req) -> Optional[str]:
+    cfg = s.cfg
+    return (_phase_refusal(req, ("decode",))
+            or (None if cfg.spec_enabled else "config.spec_enabled is false")
+            or (None if 1 <= op.drafts <= cfg.max_drafts else
+                f"drafts must be in [1, config.max_drafts={cfg.max_drafts}], got {op.drafts}")
+            or (None if 0 <= op.accepted <= op.drafts else
+                f"accepted must be in [0, drafts={op.drafts}], got {op.accepted}")
+            or _output_refusal(req)
+            or (None if req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len else
+                f"request {op.rid}'s drafts would pass config.max_context_len"))
+
+
+def _decoding_refusal(s: State, op, req: Req) -> Optional[str]:
+    return _phase_refusal(req, ("decode",))
+
+
+_GUARDS = {
+    # operation -> (guard, whether it acts on a live request: then guard(s, op, req))
+    O.OpenSession: (_open_refusal, False), O.SubmitTurn: (_turn_refusal, False),
+    O.SubmitRequest: (_request_refusal, False), O.CloseSession: (_close_refusal, False),
+    O.Evict: (_evict_refusal, False),
+    O.Schedule: (_schedule_refusal, True), O.AbortQueued: (_abort_queued_refusal, True),
+    O.QueueReject: (_queue_reject_refusal, True), O.PreAbort: (_pre_abort_refusal, True),
+    O.PrefillChunk: (_prefill_chunk_refusal, True),
+    O.AbortRunning: (_abort_running_refusal, True), O.Decode: (_decode_refusal, True),
+    O.SpecDecode: (_spec_decode_refusal, True), O.Finish: (_decoding_refusal, True),
+    O.Retract: (_decoding_refusal, True),
+}
 
 
 def _new_request_refusal(s: State, rid: int, tokens, max_new: int) -> Optional[str]:

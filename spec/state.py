@@ -42,6 +42,8 @@ class CowMap(dict):
     So it is valid as long as entities are mutated only through the map's accessors
     after the memo was taken, which the clone contract gives."""
 
+    __slots__ = ("_own", "_copy", "_memo")     # no instance __dict__: a fork is half as dear
+
     def __init__(self, items=(), copy=None):
         dict.__init__(self, items)
         self._own = set(dict.keys(self))
