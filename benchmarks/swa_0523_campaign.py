@@ -42,9 +42,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--length", type=int, default=40)
     ap.add_argument("--accept", default="")
+    ap.add_argument("--kind", default="swa", help="the drawn hybrid kind: swa (any SWA pool, "
+                    "prefill-aware or not) or swa-full-pool (what 0.5.23 runs draw)")
     args = ap.parse_args(argv)
     accept = tuple(x for x in args.accept.split(",") if x)
-    kw = dict(era="borrow", hybrid=True, hybrid_kinds=("swa",), tree_off=False)
+    kw = dict(era="borrow", hybrid=True, hybrid_kinds=(args.kind,), tree_off=False)
     if accept:
         kw["accept"] = accept
     skip = known_trigger("0.5.23", accept)
@@ -54,7 +56,8 @@ def main(argv=None) -> int:
                    "sglang-0.5.23", stats, config_kw=kw, skip=skip, length=args.length)
         f = seq.failure
         key = ("pass" if f is None else f"{f.op.name} {f.id}{_kind(f)} ({f.side})") + \
-            (", prefill-aware" if seq.cfg.prefill_aware_swa else "")
+            (", prefill-aware" if seq.cfg.prefill_aware_swa else "") + \
+            (", smaller SWA pool" if seq.cfg.swa_num_pages not in (None, seq.cfg.num_pages) else "")
         tally[key] += 1
         if f is not None and key not in examples:
             examples[key] = (i, seq.cfg, seq.ops, f.render().splitlines()[:14])

@@ -243,6 +243,7 @@ class SWARadixCache(RadixCache):
         self.sliding_window_size = sliding_window_size
         self.lock_holders = lambda: ()      # the scheduler's requests and session slots
         self._insert_ctx = (0, 0)           # (prev_prefix_len, swa_evicted_seqlen) of an insert
+        self.full_kv_hit_length = 0         # the last match's full-KV hit (borrow era)
 
     def supports_swa(self) -> bool:
         return True
@@ -254,10 +255,43 @@ class SWARadixCache(RadixCache):
             usable = self._swa_usable_len(self._split_walk(key))
             return super().match_prefix(tuple(key)[:usable])
         idx, node = super().match_prefix(key)
+        self.full_kv_hit_length = len(idx)
         usable = self._swa_usable_len(idx)
         if usable < len(idx):
             idx, node = super().match_prefix(tuple(key)[:usable])
         return idx, node
+
+    def finalize_match_result_in_tree_core(self, req, device_prefix_len: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`): the
+        page-aligned full-KV hit of the last match becomes `req.swa_branching_seqlen` when
+        it runs past the SWA-usable prefix; None otherwise (and in the wrapper era)."""
+        aligned = self.page_align_len(self.full_kv_hit_length)
+        req.swa_branching_seqlen = aligned if not self._wrapper() and \
+            aligned > device_prefix_len else None
+
+    def prepare_for_caching_req(self, req, n: int):
+        """Borrow era `SWAComponent.prepare_for_caching_req`: a pending branch past the
+        protected prefix that the checkpoint reaches caps the insert at it."""
+        b = getattr(req, "swa_branching_seqlen", None)
+        if self._wrapper() or b is None or b <= req.cache_protected_len or b > n:
+            return None
+        return b
+
+    def cleanup_after_caching_req(self, req, cap, finished: bool) -> None:
+        """Borrow era `SWAComponent.cleanup_after_caching_req`: the branch inserted, it is
+        cleared and, unfinished, out-of-window SWA is freed again up to the extend end."""
+        if cap is None:
+            return
+        req.swa_branching_seqlen = None
+        if not finished:
+            self.free_out_of_window_slots(req, req.extend_end - 1)
+
+    def update_component_on_insert_overlap(self, key: tuple, value: torch.Tensor, end: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.update_component_on_insert_overlap`): the walk's
+        SWA-tombstoned nodes past prev_prefix_len take the request's SWA KV for their part
+        at or past the insert's `swa_evicted_seqlen` (`_recover_from_incoming`)."""
+        if not self._wrapper() and end:
+            self._recover_tombstones(key, value, end)
 
     def rematch_inserted(self, keys) -> tuple:
         """Borrow era: the whole inserted path, tombstoned pages included (0.5.23
@@ -365,7 +399,8 @@ class SWARadixCache(RadixCache):
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         if not self._wrapper() and not self.disable:
-            self.free_out_of_window_slots(req, req.kv_committed_len - 1)
+            cap = self.prepare_for_caching_req(req, req.kv_committed_len)
+            self.free_out_of_window_slots(req, (req.kv_committed_len if cap is None else cap) - 1)
         # borrow era: `prepare_for_caching_req` gives the insert the request's cursor
         self._insert_ctx = (req.cache_protected_len,
                             0 if self._wrapper() else req.swa_evicted_seqlen)

@@ -400,6 +400,43 @@ def clip_to_window(s: State, start: int, end: int, swa_evicted_seqlen: int):
     return None if live_start >= end else live_start
 
 
+def swa_branching_seqlen(s: State, full_hit: int, usable: int):
+    """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`, `swa.py`
+    l.379-422): a match whose full-KV hit runs past its SWA boundary (the usable prefix)
+    records the page-aligned full hit as the branching point; None otherwise, without SWA
+    and in the wrapper era (a session slot's match, `try_match_prefix`, records None too).
+    pre: 0 <= usable <= full_hit
+    post: __return__ is None or usable < __return__ <= full_hit
+    """
+    if not swa_on(s) or s.cfg.era != "borrow":
+        return None
+    aligned = floor_align(full_hit, s.cfg.page_size)
+    return aligned if aligned > usable else None
+
+
+def swa_branch_cache_len(req: Req, token_ids_len: int):
+    """Borrow era `SWAComponent.prepare_for_caching_req` (`swa.py` l.1017-1028): a pending
+    `swa_branching_seqlen` past the protected prefix that the checkpoint's tokens reach caps
+    the insert at it (the tree takes the branch first, recovering the tombstones of the
+    full hit on its walk); None: no cap. (Its EAGLE bigram `+ 1` is not modelled: kvcheck's
+    keys are plain tokens.)"""
+    b = req.swa_branching_seqlen
+    return None if b is None or b <= req.protected or b > token_ids_len else b
+
+
+def cleanup_swa_branch(s: State, req: Req, branch, finished: bool) -> None:
+    """Borrow era `SWAComponent.cleanup_after_caching_req` (`swa.py` l.1051-1069): once an
+    insert capped at the branch took it (`swa_branch_inserted`: the key reaches it, always
+    so when `swa_branch_cache_len` capped it), the request's `swa_branching_seqlen` is
+    cleared and, unfinished, its out-of-window SWA is freed again up to its forward
+    (`pre_len = len(get_fill_ids()) - 1`, the extend end), interval 1."""
+    if branch is None:
+        return
+    req.swa_branching_seqlen = None
+    if not finished:
+        _free_swa_borrow(s, req, req.extend_end - 1, 1)
+
+
 def swa_lock_split(leaf_len: int, window: int, p: int):
     """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`, `swa.py`
     l.593-624): a fresh live leaf longer than one page-aligned window
@@ -546,7 +583,9 @@ def restore_swa_fields(slot: Slot, req: Req) -> None:
 
 
 def reset_for_retract(req: Req) -> None:
-    """`reset_for_retract`: the cursor and the batch index restart; the Mamba refs are
-    already None (saved into the slot or freed by release_kv_cache)."""
+    """`reset_for_retract`: the cursor and the batch index restart, the branching point is
+    dropped; the Mamba refs are already None (saved into the slot or freed by
+    release_kv_cache)."""
     req.swa_evicted_seqlen = 0
     req.decode_batch_idx = 0
+    req.swa_branching_seqlen = None

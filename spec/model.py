@@ -218,7 +218,7 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
     (`hybrid.swa_tombstone_cut`)."""
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
-    if hybrid.swa_tree_on(s):
+    if hybrid.swa_on(s):
         _recover_tombstones(s, key, pages, i, prev_prefix_len, swa_evicted_seqlen)
     cut = hybrid.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
     if i < cut == len(key):
@@ -441,9 +441,11 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
         return
     P = s.cfg.page_size
     row = s.rows[req.row]
-    keys_len = floor_align(req.committed, P)
+    branch = hybrid.swa_branch_cache_len(req, req.committed)
+    cache_len = req.committed if branch is None else branch
+    keys_len = floor_align(cache_len, P)
     key = req.fill_ids[:keys_len]
-    hybrid.free_out_of_window_slots(s, req, req.committed)
+    hybrid.free_out_of_window_slots(s, req, cache_len)
     new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
                             prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
@@ -460,6 +462,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     inc_lock_ref(s, req.last_node)
     req.locked = True
     hybrid.note_swa_lock(s, req)
+    hybrid.cleanup_swa_branch(s, req, branch, finished=False)
 
 
 def insert_mamba(s: State, key: tuple, pages: list, value: int) -> tuple[int, int, bool]:
@@ -544,7 +547,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             dec_lock_ref(s, req.last_node)
             req.locked = False
         return
-    keys_len = floor_align(committed, P)
+    branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
+    keys_len = floor_align(committed if branch is None else branch, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
                                 req.swa_evicted_seqlen, req.protected)
@@ -559,6 +563,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     if req.locked:
         dec_lock_ref(s, req.last_node)
         req.locked = False
+    hybrid.cleanup_swa_branch(s, req, branch, finished=True)
 
 
 # ---------------------------------------------------------------------------
@@ -779,6 +784,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
     finished_len = req.finished_len if req.finished_len is not None else len(req.output)
     target = len(req.origin) + finished_len
     _trim_overshoot(s, req, finished_len)
+    req.swa_branching_seqlen = None
     _save_from_req(slot, req, is_first)
     slot.committed = min(target, slot.allocated)
     if s.cfg.era == "borrow":
@@ -852,6 +858,7 @@ def _match(s: State, req: Req) -> int:
         req.last_node = ("virtual", req.session)
         req.protected = slot.protected
         req.prefix_len = prefix_len
+        req.swa_branching_seqlen = None     # `try_match_prefix`'s MatchResult carries none
         return prefix_len
     if mamba_tree.on(s):
         nid, pages = _match_mamba_tree(s, req)
@@ -862,6 +869,7 @@ def _match(s: State, req: Req) -> int:
     swa_tree = hybrid.swa_tree_on(s)
     nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
+    req.swa_branching_seqlen = hybrid.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
     if usable < len(pages) * s.cfg.page_size or swa_tree:
         # SWARadixCache `_match_post_processor`: only the usable node and its parents
         # are touched (`reset_node_and_parents_mru`), after the walk's splits

@@ -977,6 +977,8 @@ class SglangBackend:
             return {}
         if self.api != "flat":
             out = swa_unified.swa_fields(holder)
+            if paths is None:                   # a request: its pending SWA branch
+                out["swa_branching_seqlen"] = swa_unified.branching_seqlen(holder)
             if paths is not None:
                 node = swa_unified.uuid_node(self.cache, swa_unified.lock_uuid(
                     getattr(holder, "lock", None)))

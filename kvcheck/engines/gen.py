@@ -108,7 +108,8 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
 
 
 HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
-"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds) only when
+"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds: "swa-full-pool",
+SWA with an SWA pool as large as the full one and no prefill-aware SWA, is 0.5.23's) only when
 named, and by default one Mamba-only config in MAMBA_TREE_ONE_IN, of either drawn era
 (`draw_mamba_tree_in`)."""
 MAMBA_TREE_ONE_IN = 2
@@ -133,11 +134,12 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
-        kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2), max(2, cfg.num_pages - 2)],
-                                       "swa_num_pages")
+        if kind != "swa-full-pool":
+            kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2),
+                                            max(2, cfg.num_pages - 2)], "swa_num_pages")
         kw["swa_eviction_interval"] = d.choice([1, 1, 2, 3], "swa_eviction_interval")
-        if cfg.era == "borrow":         # 0.5.23's prefill-aware SWA (the sglang backends draw
-            kw["prefill_aware_swa"] = boolean(d, "prefill_aware_swa")  # no borrow-era SWA)
+        if cfg.era == "borrow" and kind != "swa-full-pool":     # 0.5.23's prefill-aware SWA
+            kw["prefill_aware_swa"] = boolean(d, "prefill_aware_swa")
     if "mamba" in kind:
         kw["mamba_slots"] = d.integer(1, 2 * cfg.num_rows + 2, "mamba_slots")
         lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
