@@ -249,17 +249,12 @@ class SWARadixCache(RadixCache):
         return True
 
     def match_prefix(self, key) -> tuple:
-        if self._wrapper():
-            # `_match_post_processor`: the walk splits, and only the usable node and its
-            # parents are touched (`reset_node_and_parents_mru`), after the splits
-            usable = self._swa_usable_len(self._split_walk(key))
-            return super().match_prefix(tuple(key)[:usable])
-        idx, node = super().match_prefix(key)
+        """`_match_post_processor` (both eras): the walk splits, and only the usable node
+        and its parents are touched (`reset_node_and_parents_mru`; 0.5.23 stamps
+        `best_match_node` and its ancestors), after the splits."""
+        idx = self._split_walk(key)
         self.full_kv_hit_length = len(idx)
-        usable = self._swa_usable_len(idx)
-        if usable < len(idx):
-            idx, node = super().match_prefix(tuple(key)[:usable])
-        return idx, node
+        return super().match_prefix(tuple(key)[:self._swa_usable_len(idx)])
 
     def finalize_match_result_in_tree_core(self, req, device_prefix_len: int) -> None:
         """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`): the
@@ -385,6 +380,44 @@ class SWARadixCache(RadixCache):
             full += self._delete_tombstone_chain(parent)
         return full, swa
 
+    def _swa_tokens(self, n) -> int:
+        """SWA tokens a node holds (`reclaimable_value_len`): its pages still mapped."""
+        P, alloc = self.page_size, self.token_to_kv_pool_allocator
+        return P * sum(1 for k in range(len(n.key) // P)
+                       if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+
+    def evict_for_alloc(self, n: int) -> None:
+        """Borrow era (0.5.23 `SWATokenToKVPoolAllocator.evict_to_free_tokens` ->
+        `UnifiedRadixCache.evict_for_alloc(EvictParams(num_tokens=full_shortfall,
+        swa_num_tokens=swa_shortfall))`, each an availability target): unlocked leaves,
+        least recent first, until the full pool has n free; then, while the SWA pool has
+        fewer than n free and the SWA tokens freed so far are below its shortfall, the SWA
+        walk (`SWAComponent._evict_device_next_node`): the least recent node holding SWA
+        KV outside every SWA lock is deleted when it is an unlocked leaf, else loses its
+        SWA KV only (`free_swa_segment`)."""
+        alloc = self.token_to_kv_pool_allocator
+        full_short = max(0, n - alloc.full_available_size())
+        swa_short = max(0, n - alloc.swa_available_size())
+        swa = 0
+        while full_short and alloc.full_available_size() < n:
+            leaves = [x for x in self.all_nodes() if self._is_candidate(x)]
+            if not leaves:
+                break
+            x = self._lru(leaves)
+            swa += self._swa_tokens(x)
+            self.delete_leaf(x)
+        while swa_short and swa < swa_short and alloc.swa_available_size() < n:
+            locked = self.swa_locked()
+            cands = [x for x in self.all_nodes() if x.id not in locked and self._swa_tokens(x)]
+            if not cands:
+                return
+            x = self._lru(cands)
+            swa += self._swa_tokens(x)
+            if self._is_candidate(x):
+                self.delete_leaf(x)
+            else:
+                alloc.free_swa_segment(x.value.to(I64), start_pos=0)
+
     def swa_evictable_size(self) -> int:
         """SWA tokens of unlocked nodes (a tombstone page has none). Wrapper era
         (`SWARadixCache.swa_evictable_size_`): live nodes without an SWA lock."""
@@ -444,8 +477,7 @@ class SWARadixCache(RadixCache):
         `redistribute_on_node_split` moves the uuid too): a holder whose SWA lock ended at
         the child now ends at the upper half."""
         new = super()._split_node(child, split_len)
-        if self._wrapper():     # the lower half is re-stamped, after the upper one
-            child.last_access_tick = self._creation_tick()
+        child.last_access_tick = self._creation_tick()  # the lower half: after the upper
         for h in self.lock_holders():
             if getattr(h, "swa_uuid_for_lock", None) is child:
                 h.swa_uuid_for_lock = new

@@ -139,6 +139,23 @@ def swa_evictable_size(s: State) -> int:
                for p in n.pages if p in mapping)
 
 
+def swa_tokens(s: State, node) -> int:
+    """The SWA tokens a node holds (`reclaimable_value_len`): its pages still mapped."""
+    m = s.full_to_swa_index_mapping
+    return s.cfg.page_size * sum(1 for p in node.pages if p in m)
+
+
+def swa_evict_victim(s: State, order):
+    """Borrow era `SWAComponent._evict_device_next_node` (`swa.py` l.754-841): the least
+    recent node (by `order`) holding SWA KV and not SWA-locked, or None. The caller deletes
+    it whole when it is an unlocked leaf (`evict_device_leaf`), else frees only its SWA KV
+    (an SWA tombstone; its tombstoned ancestors stay: only the FULL value decides)."""
+    locked = swa_locked_nodes(s)
+    cands = [n for n in dict.values(s.nodes)
+             if n.id != 0 and n.id not in locked and swa_tokens(s, n)]
+    return min(cands, key=order) if cands else None
+
+
 def swa_admission_short(s: State, need: int) -> bool:
     """The admission budget on the SWA side (`PrefillAdder`'s SWA tokens): available
     plus what evicting unlocked nodes would return."""

@@ -156,9 +156,9 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     hybrid.move_swa_uuid(s, child_id, new.id)
     if mamba_tree.on(s):
         mamba_tree.split(new)
-    if hybrid.swa_tree_on(s) or mamba_tree.on(s):
-        # SWARadixCache, and 0.5.23's `_split_node` with a Mamba component (whose match
-        # stamps only the node it ends on): the lower half is re-stamped, after the upper
+    if hybrid.swa_on(s) or mamba_tree.on(s):
+        # SWARadixCache, and 0.5.23's `_split_node` with an SWA or a Mamba component (whose
+        # match stamps only the node it ends on): the lower half is re-stamped, after the upper
         child.tick = _creation_tick(s)
     return new.id
 
@@ -412,6 +412,9 @@ def alloc_mamba_slot(s: State, where: str) -> int:
 def evict_from_tree_cache(s: State, n: int) -> None:
     """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
     if s.cfg.era == "borrow":
+        if hybrid.swa_on(s):
+            evict_for_alloc_swa(s, n)
+            return
         # 0.5.22+ `allocator.evict_to_free_tokens`: evict only the shortfall
         if available_size(s) < n:
             evict(s, n - available_size(s))
@@ -428,6 +431,36 @@ def evict_from_tree_cache(s: State, n: int) -> None:
         return
     if available_size(s) < n:
         evict(s, n)
+
+
+def evict_for_alloc_swa(s: State, n: int) -> None:
+    """0.5.23 `SWATokenToKVPoolAllocator.evict_to_free_tokens` (`allocator/swa.py`
+    l.210-220) -> `UnifiedRadixCache.evict_for_alloc` with each pool's shortfall as an
+    availability target (`unified_radix_cache.py` l.706-779, `_evict_components`
+    l.952-1027): the FULL walk deletes unlocked leaves, least recent first, until the full
+    pool has n free; then, while the SWA pool has fewer than n free and the SWA tokens
+    freed so far (the FULL walk's leaves counted) are below its shortfall, the SWA walk
+    (`hybrid.swa_evict_step`)."""
+    P = s.cfg.page_size
+    full_short = max(0, n - len(s.free_pages) * P)
+    swa_short = max(0, n - hybrid.swa_available_size(s))
+    swa_freed = 0
+    while full_short and len(s.free_pages) * P < n:
+        leaves = evictable_leaves(s)
+        if not leaves:
+            break
+        leaf = min(leaves, key=lambda x: (x.tick, node_path(s, x.id)))
+        swa_freed += hybrid.swa_tokens(s, leaf)
+        _delete_node(s, leaf)
+    while swa_short and swa_freed < swa_short and hybrid.swa_available_size(s) < n:
+        x = hybrid.swa_evict_victim(s, lambda m: (m.tick, node_path(s, m.id)))
+        if x is None:
+            return
+        swa_freed += hybrid.swa_tokens(s, x)
+        if not x.children and x.lock_ref == 0:
+            _delete_node(s, x)
+        else:
+            hybrid.free_swa(s, x.pages)
 
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
@@ -866,13 +899,14 @@ def _match(s: State, req: Req) -> int:
         req.protected = req.prefix_len = len(pages)
         req.prefix_pages = tuple(pages)
         return req.prefix_len
-    swa_tree = hybrid.swa_tree_on(s)
+    swa_tree = hybrid.swa_on(s)
     nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
     req.swa_branching_seqlen = hybrid.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
     if usable < len(pages) * s.cfg.page_size or swa_tree:
-        # SWARadixCache `_match_post_processor`: only the usable node and its parents
-        # are touched (`reset_node_and_parents_mru`), after the walk's splits
+        # SWARadixCache `_match_post_processor` (0.5.23's too: it stamps `best_match_node`
+        # and its ancestors, the SWA validator's last valid node): only the usable node
+        # and its parents are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill_ids[:usable])
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
