@@ -18,7 +18,7 @@ I64 = torch.int64
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id",
-                 "evicted_path", "mamba_value", "mamba_lock_ref", "mamba_tick")
+                 "evicted_path", "mamba_value", "mamba_lock_ref", "mamba_tick", "swa_tick")
     _counter = 0
 
     def __init__(self, key: tuple = (), value: Optional[torch.Tensor] = None, parent=None,
@@ -37,6 +37,7 @@ class TreeNode:
         self.mamba_value: Optional[torch.Tensor] = None
         self.mamba_lock_ref = 0
         self.mamba_tick = 0
+        self.swa_tick = 0                   # 0.5.23's SWA LRU position (impl/swa.py)
 
     def path(self) -> tuple:
         """The full key from the root (kept for a node already evicted, which a queued

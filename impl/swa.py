@@ -254,7 +254,33 @@ class SWARadixCache(RadixCache):
         `best_match_node` and its ancestors), after the splits."""
         idx = self._split_walk(key)
         self.full_kv_hit_length = len(idx)
-        return super().match_prefix(tuple(key)[:self._swa_usable_len(idx)])
+        idx, node = super().match_prefix(tuple(key)[:self._swa_usable_len(idx)])
+        self.refresh_lru(node)                  # 0.5.23: MATCH_END from `best_match_node`
+        return idx, node
+
+    def _swa_lru(self) -> bool:
+        return not self._wrapper()
+
+    def insert_mru(self, node) -> None:
+        """Borrow era `set_component_device_value`: a node given SWA KV goes to the SWA
+        LRU's MRU end."""
+        if self._swa_lru():
+            self.tick += 1
+            node.swa_tick = self.tick
+
+    def refresh_lru(self, node) -> None:
+        """Borrow era `reset_node_and_window_ancestors_mru` (MATCH_END / INSERT_END): the
+        node and its ancestors within `window + P` tokens that hold SWA KV move to the MRU
+        end, the node the most recent."""
+        if not self._swa_lru():
+            return
+        self.tick += 1
+        walked = 0
+        while node is not self.root_node and walked < self.sliding_window_size + self.page_size:
+            if self._swa_tokens(node):
+                node.swa_tick = self.tick
+            walked += len(node.key)
+            node = node.parent
 
     def finalize_match_result_in_tree_core(self, req, device_prefix_len: int) -> None:
         """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`): the
@@ -411,7 +437,7 @@ class SWARadixCache(RadixCache):
             cands = [x for x in self.all_nodes() if x.id not in locked and self._swa_tokens(x)]
             if not cands:
                 return
-            x = self._lru(cands)
+            x = min(cands, key=lambda m: (m.swa_tick, m.path()))
             swa += self._swa_tokens(x)
             if self._is_candidate(x):
                 self.delete_leaf(x)
@@ -419,16 +445,14 @@ class SWARadixCache(RadixCache):
                 alloc.free_swa_segment(x.value.to(I64), start_pos=0)
 
     def swa_evictable_size(self) -> int:
-        """SWA tokens of unlocked nodes (a tombstone page has none). Wrapper era
-        (`SWARadixCache.swa_evictable_size_`): live nodes without an SWA lock."""
+        """SWA tokens of the nodes outside every SWA lock (a tombstone has none). Wrapper
+        era (`SWARadixCache.swa_evictable_size_`): their keys; borrow era (the SWA
+        component's evictable ledger): their mapped pages."""
+        locked = self.swa_locked()
         if self._wrapper():
-            locked = self.swa_locked()
             return sum(len(n.key) for n in self.all_nodes()
                        if n.id not in locked and not self.tombstoned(n))
-        P, alloc = self.page_size, self.token_to_kv_pool_allocator
-        return sum(P for n in self.all_nodes() if n.lock_ref == 0
-                   for k in range(len(n.key) // P)
-                   if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+        return sum(self._swa_tokens(n) for n in self.all_nodes() if n.id not in locked)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         if not self._wrapper() and not self.disable:
@@ -478,6 +502,7 @@ class SWARadixCache(RadixCache):
         the child now ends at the upper half."""
         new = super()._split_node(child, split_len)
         child.last_access_tick = self._creation_tick()  # the lower half: after the upper
+        new.swa_tick = child.swa_tick           # `lru.insert_after(child, new_node)`
         for h in self.lock_holders():
             if getattr(h, "swa_uuid_for_lock", None) is child:
                 h.swa_uuid_for_lock = new
@@ -517,6 +542,7 @@ class SWARadixCache(RadixCache):
                 inc = value[lo:stop].to(I64)
                 m[node.value.to(I64)] = m[inc]
                 m[inc] = 0
+                self.insert_mru(node)
             start = stop
 
     def insert(self, key, value: torch.Tensor) -> int:
@@ -529,6 +555,7 @@ class SWARadixCache(RadixCache):
             i = super().insert(key, value)
             if i < len(key):
                 self.commit_insert_component_data(key, i)
+            self.refresh_lru(self._end_node(key))   # 0.5.23: INSERT_END from the target
             return i
         i = self._existing_len(key)
         if i:
@@ -549,25 +576,36 @@ class SWARadixCache(RadixCache):
         """Borrow era (0.5.23 `SWAComponent.commit_insert_component_data` on the fresh leaf
         `[start, len(key))`): `_clip_to_window` splits it at the insert's
         `swa_evicted_seqlen`, the part below staying an SWA tombstone node; a leaf wholly
-        below the cursor stays one tombstone leaf."""
-        node, n = self.root_node, 0
-        while n < len(key):
-            node = node.children[self._child_key(key[n:])]
-            n += len(node.key)
+        below the cursor stays one tombstone leaf. The live fragments publish their SWA
+        KV, the older first (`insert_mru`)."""
+        node = self._end_node(key)
         live_start = max(start, self._insert_ctx[1])
         if live_start >= len(key):
             return
         if live_start > start:
             self._split_node(node, live_start - start)
-        self._maybe_split_leaf_for_swa_lock(node)
+        upper = self._maybe_split_leaf_for_swa_lock(node)
+        if upper is not None:
+            self.insert_mru(upper)
+        self.insert_mru(node)
 
-    def _maybe_split_leaf_for_swa_lock(self, leaf) -> None:
+    def _end_node(self, key: tuple):
+        """The node an inserted key ends on."""
+        node, n = self.root_node, 0
+        while n < len(key):
+            node = node.children[self._child_key(key[n:])]
+            n += len(node.key)
+        return node
+
+    def _maybe_split_leaf_for_swa_lock(self, leaf):
         """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`): a fresh live
-        leaf longer than one page-aligned window is split so its lower part is that window."""
+        leaf longer than one page-aligned window is split so its lower part is that window;
+        returns the new upper part, or None."""
         P = self.page_size
         tail_size = (self.sliding_window_size + P - 1) // P * P
         if len(leaf.key) > tail_size:
-            self._split_node(leaf, len(leaf.key) - tail_size)
+            return self._split_node(leaf, len(leaf.key) - tail_size)
+        return None
 
     def _existing_len(self, key: tuple) -> int:
         """How much of key the tree holds (whole pages), without touching it."""

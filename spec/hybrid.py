@@ -128,21 +128,54 @@ def swa_short(s: State, n: int) -> bool:
 
 
 def swa_evictable_size(s: State) -> int:
-    """SWA tokens the tree can give back: the SWA pages of unlocked nodes (a tombstone
-    page gives none)."""
-    P, mapping = s.cfg.page_size, s.full_to_swa_index_mapping
-    if swa_tree_on(s):      # `SWARadixCache.swa_evictable_size`: live nodes, no SWA lock
-        locked = swa_locked_nodes(s)
+    """SWA tokens the tree can give back: those of the nodes outside every SWA lock (a
+    tombstone gives none). Wrapper era `SWARadixCache.swa_evictable_size`: the keys of the
+    live nodes; borrow era `UnifiedTreeCore.swa_evictable_size` (the SWA component's
+    evictable ledger, `reclaimable_value_len` of each node whose SWA `lock_ref` is 0):
+    their mapped pages. A full-locked node past its holder's SWA lock counts: the SWA
+    walk can tombstone it."""
+    locked = swa_locked_nodes(s)
+    if swa_tree_on(s):
         return sum(len(n.key) for n in dict.values(s.nodes)
                    if n.id != 0 and n.id not in locked and not swa_tombstoned(s, n))
-    return sum(P for n in s.nodes.values() if n.lock_ref == 0 and n.id != 0
-               for p in n.pages if p in mapping)
+    return sum(swa_tokens(s, n) for n in dict.values(s.nodes) if n.id != 0 and n.id not in locked)
 
 
 def swa_tokens(s: State, node) -> int:
     """The SWA tokens a node holds (`reclaimable_value_len`): its pages still mapped."""
     m = s.full_to_swa_index_mapping
     return s.cfg.page_size * sum(1 for p in node.pages if p in m)
+
+
+def swa_lru_on(s: State) -> bool:
+    """0.5.23's SWA component keeps its own LRU list (`lru_lists[SWA]`): SWA on, borrow era."""
+    return s.cfg.swa_window > 0 and s.cfg.era == "borrow"
+
+
+def swa_insert_mru(s: State, nid: int) -> None:
+    """Borrow era `set_component_device_value` (an SWA value stored on a node: a fresh
+    leaf's window published, a tombstone recovered by an insert): `insert_mru`."""
+    if swa_lru_on(s):
+        s.tick += 1
+        s.nodes[nid].swa_tick = s.tick
+
+
+def swa_refresh(s: State, nid: int) -> None:
+    """Borrow era `SWAComponent.refresh_lru` at MATCH_END / INSERT_END (`swa.py` l.332-355,
+    `reset_node_and_window_ancestors_mru`, `unified_tree_core.py` l.332-355): from the node
+    up, while fewer than `window + P` tokens were walked, every node holding SWA KV moves
+    to the MRU end, the node first (one stamp: the deeper, the more recent). Its
+    ancestors past that stay where they are, unlike the FULL component's access times."""
+    if not swa_lru_on(s):
+        return
+    s.tick += 1
+    walked, limit = 0, s.cfg.swa_window + s.cfg.page_size
+    while nid != 0 and walked < limit:
+        n = dict.__getitem__(s.nodes, nid)
+        if swa_tokens(s, n):
+            s.nodes[nid].swa_tick = s.tick
+        walked += len(n.key)
+        nid = n.parent
 
 
 def swa_evict_victim(s: State, order):

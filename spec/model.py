@@ -154,6 +154,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     child.parent = new.id
     new.children[_page_key(s, child.key, 0)] = child_id
     hybrid.move_swa_uuid(s, child_id, new.id)
+    new.swa_tick = child.swa_tick       # 0.5.23: `lru.insert_after(child, new_node)`
     if mamba_tree.on(s):
         mamba_tree.split(new)
     if hybrid.swa_on(s) or mamba_tree.on(s):
@@ -229,6 +230,7 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
             nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
     if i < len(key):
         _commit_swa_leaf(s, nid, i, len(key), swa_evicted_seqlen)
+    hybrid.swa_refresh(s, nid)                  # 0.5.23: INSERT_END from the target node
     return i
 
 
@@ -243,7 +245,8 @@ def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seql
         _split_node(s, leaf, live_start - start)
     cap = hybrid.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
     if cap is not None:
-        _split_node(s, leaf, cap)
+        hybrid.swa_insert_mru(s, _split_node(s, leaf, cap))     # older fragments publish first
+    hybrid.swa_insert_mru(s, leaf)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
@@ -265,6 +268,7 @@ def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
             if lo > start:
                 _split_node(s, nid, lo - start)
             hybrid.adopt_swa(s, s.nodes[nid].pages, pages[lo // P:stop // P])
+            hybrid.swa_insert_mru(s, nid)       # the recovered node's SWA value is stored
         start = stop
 
 
@@ -453,7 +457,7 @@ def evict_for_alloc_swa(s: State, n: int) -> None:
         swa_freed += hybrid.swa_tokens(s, leaf)
         _delete_node(s, leaf)
     while swa_short and swa_freed < swa_short and hybrid.swa_available_size(s) < n:
-        x = hybrid.swa_evict_victim(s, lambda m: (m.tick, node_path(s, m.id)))
+        x = hybrid.swa_evict_victim(s, lambda m: (m.swa_tick, node_path(s, m.id)))
         if x is None:
             return
         swa_freed += hybrid.swa_tokens(s, x)
@@ -908,6 +912,7 @@ def _match(s: State, req: Req) -> int:
         # and its ancestors, the SWA validator's last valid node): only the usable node
         # and its parents are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill_ids[:usable])
+        hybrid.swa_refresh(s, nid)          # 0.5.23: MATCH_END from `best_match_node`
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
     req.prefix_len = req.protected

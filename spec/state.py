@@ -144,6 +144,8 @@ class Node:
                                         # None (a Mamba tombstone: KV kept, ends no match)
     mamba_lock_ref: int = 0     # component_data[MAMBA].lock_ref: the node's own state only
     mamba_tick: int = 0         # position in the Mamba LRU list (larger: more recent)
+    swa_tick: int = 0           # 0.5.23's SWA component LRU position (larger: more recent;
+                                # equal: the deeper node is the more recent)
 
     def copy(self) -> "Node":
         n = object.__new__(Node)
