@@ -270,7 +270,13 @@ def _free_swa_borrow(s: State, req: Req, pre_len: int, interval: int) -> None:
     new = swa_evict_target_borrow(evicted, pre_len, window, P)
     if new > evicted:
         row = s.rows[req.row]
-        free_swa(s, [row[k] for k in row_pages(evicted, new, P)])
+        pages = [row[k] for k in row_pages(evicted, new, P)]
+        if None in pages:       # only two turns on one record (accepted U1/U2) get here
+            from spec.model import ModelError
+            raise ModelError(f"free_swa_out_of_window_slots: req {req.rid}'s pre_len {pre_len} "
+                             f"runs past its record's allocated row ({req.allocated}): upstream "
+                             f"frees req_to_token entries it never allocated")
+        free_swa(s, pages)
         req.swa_evicted_seqlen = new
 
 

@@ -74,12 +74,14 @@ import types
 
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
-    if cfg.swa_window and api != "flat":
-        return ("config.swa_window: 0.5.23's UnifiedRadixCache SWA component runs here "
-                "(adapters/sglang/swa_unified.py) but kvcheck's borrow-era SWA spec does not "
-                "follow it all yet (swa_branching_seqlen, an insert's tombstone recovery; "
-                "docs/semantics.md); use swa_window=0 "
-                "with a borrow-era release, or sglang 0.5.15")
+    if cfg.swa_window and api != "flat" and cfg.prefill_aware_swa:
+        return ("config.prefill_aware_swa: 0.5.23 pairs prefill-aware SWA only with an all-SWA "
+                "model (PureSWARadixCache), not with the UnifiedRadixCache this adapter drives, "
+                "where the release leaks SWA pages (candidate W1, docs/semantics.md); use "
+                "prefill_aware_swa=False")
+    if cfg.swa_window and api != "flat" and (cfg.disable_radix_cache or cfg.mamba_slots):
+        return ("config.swa_window with disable_radix_cache or mamba_slots: the adapter drives "
+                "0.5.23's SWA component on the radix tree of a sliding-window model only")
     if cfg.mamba_tree and api == "flat":
         return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
                 "component, not 0.5.15's MambaRadixCache; use a borrow-era release")
