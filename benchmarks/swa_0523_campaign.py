@@ -1,16 +1,19 @@
 """Lockstep campaign of the spec against 0.5.23's FULL + SWA `UnifiedRadixCache`
-(adapters/sglang/swa_unified.py), with the adapter's refusal of swa_window lifted for the
-run: random walks on drawn borrow-era SWA configurations (`draw_hybrid`'s "swa" kind),
-each to its first divergence, tallied by the failing operation and invariant, so each kind
-of divergence can be examined against the upstream code (docs/semantics.md, "The 0.5.23
-SWA tree against the spec").
+(adapters/sglang/swa_unified.py), with the adapter's refusals lifted for the run (the
+prefill-aware one is all that is left): random walks on drawn borrow-era SWA configurations
+(`draw_hybrid`'s "swa" kind by default; `--kind swa-no-prefill-aware` is what `check` /
+`fuzz --backend sglang:0.5.23` draw, `--kind swa-full-pool` keeps the SWA pool as large as
+the full one), each to its first divergence, tallied by the failing operation and
+invariant, so each kind of divergence can be examined against the upstream code
+(docs/semantics.md, "The 0.5.23 SWA tree against the spec").
 
     .venv/bin/python -m benchmarks.swa_0523_campaign --walks 40 --seed 1 [--length 40]
-        [--accept U1,U2,U6]
+        [--accept U1,U2,U6] [--kind swa]
 
-Keyed by the first failing operation and invariant, and ", prefill-aware" where the drawn
+Keyed by the first failing operation and invariant, ", prefill-aware" where the drawn
 configuration has `prefill_aware_swa` (0.5.23 pairs it only with an all-SWA model, i.e.
-`PureSWARadixCache`, not this tree: docs/semantics.md).
+`PureSWARadixCache`, not this tree: docs/semantics.md) and ", smaller SWA pool" where its
+SWA pool is smaller than the full one.
 """
 from __future__ import annotations
 
