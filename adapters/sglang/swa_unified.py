@@ -70,7 +70,7 @@ def swa_fields(holder) -> dict:
 
 
 def branching_seqlen(req):
-    """A request's `swa_branching_seqlen` (set by `match_prefix_for_req` from the SWA
+    """A request's `swa_branching_seqlen` (set by `common.match_kv_cache` from the SWA
     component's `finalize_match_result_in_tree_core`, cleared once a checkpoint inserted
     the branch)."""
     b = getattr(req, "swa_branching_seqlen", None)
