@@ -146,7 +146,7 @@ class ImplBackend:
                 committed_freed=r.kv_committed_freed, overallocated_freed=r.kv_overallocated_freed,
                 row_pages=self._row_pages(r.req_pool_idx, r.kv_allocated_len, rows),
                 swa_evicted_seqlen=r.swa_evicted_seqlen, swa_evict_floor=r.swa_evict_floor,
-                mamba=mamba_refs(r)))
+                mamba=mamba_refs(r), swa_branching_seqlen=r.swa_branching_seqlen))
         slots = []
         for sid in sorted(s.tree_cache.slots):
             t = s.tree_cache.slots[sid]

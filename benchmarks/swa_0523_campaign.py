@@ -1,16 +1,19 @@
 """Lockstep campaign of the spec against 0.5.23's FULL + SWA `UnifiedRadixCache`
-(adapters/sglang/swa_unified.py), with the adapter's refusal of swa_window lifted for the
-run: random walks on drawn borrow-era SWA configurations (`draw_hybrid`'s "swa" kind),
-each to its first divergence, tallied by the failing operation and invariant, so each kind
-of divergence can be examined against the upstream code (docs/semantics.md, "The 0.5.23
-SWA tree against the spec").
+(adapters/sglang/swa_unified.py), with the adapter's refusals lifted for the run (the
+prefill-aware one is all that is left): random walks on drawn borrow-era SWA configurations
+(`draw_hybrid`'s "swa" kind by default; `--kind swa-no-prefill-aware` is what `check` /
+`fuzz --backend sglang:0.5.23` draw, `--kind swa-full-pool` keeps the SWA pool as large as
+the full one), each to its first divergence, tallied by the failing operation and
+invariant, so each kind of divergence can be examined against the upstream code
+(docs/semantics.md, "The 0.5.23 SWA tree against the spec").
 
     .venv/bin/python -m benchmarks.swa_0523_campaign --walks 40 --seed 1 [--length 40]
-        [--accept U1,U2,U6]
+        [--accept U1,U2,U6] [--kind swa]
 
-Keyed by the first failing operation and invariant, and ", prefill-aware" where the drawn
+Keyed by the first failing operation and invariant, ", prefill-aware" where the drawn
 configuration has `prefill_aware_swa` (0.5.23 pairs it only with an all-SWA model, i.e.
-`PureSWARadixCache`, not this tree: docs/semantics.md).
+`PureSWARadixCache`, not this tree: docs/semantics.md) and ", smaller SWA pool" where its
+SWA pool is smaller than the full one.
 """
 from __future__ import annotations
 
@@ -42,9 +45,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--length", type=int, default=40)
     ap.add_argument("--accept", default="")
+    ap.add_argument("--kind", default="swa", help="the drawn hybrid kind: swa (any SWA pool, "
+                    "prefill-aware or not) or swa-full-pool (what 0.5.23 runs draw)")
     args = ap.parse_args(argv)
     accept = tuple(x for x in args.accept.split(",") if x)
-    kw = dict(era="borrow", hybrid=True, hybrid_kinds=("swa",), tree_off=False)
+    kw = dict(era="borrow", hybrid=True, hybrid_kinds=(args.kind,), tree_off=False)
     if accept:
         kw["accept"] = accept
     skip = known_trigger("0.5.23", accept)
@@ -54,7 +59,8 @@ def main(argv=None) -> int:
                    "sglang-0.5.23", stats, config_kw=kw, skip=skip, length=args.length)
         f = seq.failure
         key = ("pass" if f is None else f"{f.op.name} {f.id}{_kind(f)} ({f.side})") + \
-            (", prefill-aware" if seq.cfg.prefill_aware_swa else "")
+            (", prefill-aware" if seq.cfg.prefill_aware_swa else "") + \
+            (", smaller SWA pool" if seq.cfg.swa_num_pages not in (None, seq.cfg.num_pages) else "")
         tally[key] += 1
         if f is not None and key not in examples:
             examples[key] = (i, seq.cfg, seq.ops, f.render().splitlines()[:14])

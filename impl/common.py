@@ -26,6 +26,11 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
     """V1: if available_size() < n: evict(n). Borrow era (0.5.22+
     evict_to_free_tokens): evict only the shortfall n - available_size()."""
     if getattr(tree_cache, "era", "wrapper") == "borrow":
+        inner = getattr(tree_cache, "inner", tree_cache)
+        if hasattr(inner, "evict_for_alloc"):
+            # 0.5.23 SWATokenToKVPoolAllocator.evict_to_free_tokens: each pool's shortfall
+            inner.evict_for_alloc(num_tokens)
+            return
         shortfall = num_tokens - allocator.available_size()
         if shortfall > 0:
             tree_cache.evict(shortfall)

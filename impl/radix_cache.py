@@ -18,7 +18,7 @@ I64 = torch.int64
 
 class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_tick", "id",
-                 "evicted_path", "mamba_value", "mamba_lock_ref", "mamba_tick")
+                 "evicted_path", "mamba_value", "mamba_lock_ref", "mamba_tick", "swa_tick")
     _counter = 0
 
     def __init__(self, key: tuple = (), value: Optional[torch.Tensor] = None, parent=None,
@@ -37,6 +37,7 @@ class TreeNode:
         self.mamba_value: Optional[torch.Tensor] = None
         self.mamba_lock_ref = 0
         self.mamba_tick = 0
+        self.swa_tick = 0                   # 0.5.23's SWA LRU position (impl/swa.py)
 
     def path(self) -> tuple:
         """The full key from the root (kept for a node already evicted, which a queued
@@ -196,7 +197,8 @@ class RadixCache:
         """`insert`'s walk: (how much of key already existed, the node the key ends on,
         whether that node is the new leaf). With a Mamba component an existing end node
         is re-stamped (`commit_insert_component_data`)."""
-        key = tuple(key)
+        key = key0 = tuple(key)
+        value0 = value
         self.tick += 1
         t = self.tick
         node = self.root_node
@@ -210,6 +212,7 @@ class RadixCache:
             value = value[plen:]
             if plen < len(node.key):
                 node = self._split_node(node, plen)
+        self.update_component_on_insert_overlap(key0, value0, total_prefix)
         if len(key) > 0:
             leaf = TreeNode(key=key, value=value.clone().to(I64), parent=node,
                             tick=self._creation_tick())
@@ -219,6 +222,18 @@ class RadixCache:
         if self.mamba is not None and node is not self.root_node:
             node.last_access_tick = self._creation_tick()
         return total_prefix, node, False
+
+    def update_component_on_insert_overlap(self, key: tuple, value: torch.Tensor, end: int) -> None:
+        """After the walk over the existing `key[:end]`, before the new leaf: the hybrid
+        trees' hook (impl/swa.py); nothing here."""
+
+    def prepare_for_caching_req(self, req, n: int):
+        """The insert length a checkpoint of `req` caps `n` tokens at, or None (no cap):
+        the hybrid trees' hook (impl/swa.py); none here."""
+        return None
+
+    def cleanup_after_caching_req(self, req, cap, finished: bool) -> None:
+        """After a checkpoint capped at `cap`: the hybrid trees' hook (impl/swa.py)."""
 
     def path_indices(self, node) -> torch.Tensor:
         """`path_device_indices`: the KV indices from the root down to node."""
@@ -302,7 +317,8 @@ class RadixCache:
             else req.kv_committed_len
         token_ids = req.fill_ids[:end]
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :end].to(I64)
-        n_keys = self.page_align_len(end)
+        cap = self.prepare_for_caching_req(req, end)
+        n_keys = self.page_align_len(end if cap is None else cap)
         keys = token_ids[:n_keys]
         new_prefix_len = self.insert(keys, kv[:n_keys])
         protected = req.cache_protected_len
@@ -318,6 +334,7 @@ class RadixCache:
         req.last_node = new_last_node
         req.cache_protected_len = end if "protected_len_unaligned" in faults.ACTIVE else len(new_indices)
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices):]))
+        self.cleanup_after_caching_req(req, cap, finished=False)
 
     def rematch_inserted(self, keys) -> tuple:
         """The path `cache_unfinished_req` just inserted, as `match_prefix` returns it."""
@@ -342,9 +359,10 @@ class RadixCache:
         if "finished_keys_past_committed" in faults.ACTIVE:
             committed = len(req.fill_ids)
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, :committed].to(I64)
-        n_keys = self.page_align_len(committed)
-        protected = req.cache_protected_len
         is_insert = is_insert and not self.disable      # disabled: the row is freed
+        cap = self.prepare_for_caching_req(req, committed) if is_insert else None
+        n_keys = self.page_align_len(committed if cap is None else cap)
+        protected = req.cache_protected_len
         if is_insert:
             keys = req.fill_ids[:n_keys]
             new_prefix_len = self.insert(keys, kv[:n_keys])
@@ -357,3 +375,4 @@ class RadixCache:
         if req.lock_held:
             self.dec_lock_ref(req.last_node)
             req.lock_held = False
+        self.cleanup_after_caching_req(req, cap, finished=True)

@@ -42,6 +42,7 @@ class Req:
         self.swa_evicted_seqlen = 0
         self.swa_evict_floor = 0               # prefill-aware SWA (impl/swa.py); kept on retract
         self.swa_uuid_for_lock = None
+        self.swa_branching_seqlen: Optional[int] = None     # borrow era (impl/swa.py)
         self.decode_batch_idx = 0
         self.mamba_pool_idx: Optional[torch.Tensor] = None
         self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None
@@ -90,6 +91,7 @@ class Req:
         self.inflight_middle_chunks = 0
         self.extend_end = 0
         self.swa_evicted_seqlen = 0
+        self.swa_branching_seqlen = None
         self.decode_batch_idx = 0
         self.mamba_pool_idx = None
         self.mamba_ping_pong_track_buffer = None

@@ -141,6 +141,7 @@ class StreamingSession:
             f"slot.cache_protected_len={slot.cache_protected_len}")
         prefix_len = self._swa_aligned_rewind(req, prefix_len)
         self._free_tail(slot, req, prefix_len)
+        req.swa_branching_seqlen = None     # the slot's MatchResult carries none
         device_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, :prefix_len].to(I64)
         return device_indices, slot.virtual_node, slot.cache_protected_len
 
@@ -149,6 +150,8 @@ class StreamingSession:
         if res is not None:
             return res
         idx, node = self.inner.match_prefix(key)
+        if hasattr(self.inner, "finalize_match_result_in_tree_core"):
+            self.inner.finalize_match_result_in_tree_core(req, len(idx))
         if getattr(self.inner, "mamba", None) is not None:
             self.inner.mamba.finalize_match_result_in_cache(req, node)
         return idx, node, len(idx)
@@ -194,6 +197,7 @@ class StreamingSession:
         target = len(req.origin_input_ids) + finished_len
         if "trim_overshoot_missing" not in faults.ACTIVE:
             self._trim_overshoot(req, finished_len)
+        req.swa_branching_seqlen = None
         slot.save_from_req(req, is_first=is_first)
         if "save_commit_unclamped" in faults.ACTIVE:
             slot.kv_committed_len = target

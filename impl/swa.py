@@ -243,21 +243,76 @@ class SWARadixCache(RadixCache):
         self.sliding_window_size = sliding_window_size
         self.lock_holders = lambda: ()      # the scheduler's requests and session slots
         self._insert_ctx = (0, 0)           # (prev_prefix_len, swa_evicted_seqlen) of an insert
+        self.full_kv_hit_length = 0         # the last match's full-KV hit (borrow era)
 
     def supports_swa(self) -> bool:
         return True
 
     def match_prefix(self, key) -> tuple:
-        if self._wrapper():
-            # `_match_post_processor`: the walk splits, and only the usable node and its
-            # parents are touched (`reset_node_and_parents_mru`), after the splits
-            usable = self._swa_usable_len(self._split_walk(key))
-            return super().match_prefix(tuple(key)[:usable])
-        idx, node = super().match_prefix(key)
-        usable = self._swa_usable_len(idx)
-        if usable < len(idx):
-            idx, node = super().match_prefix(tuple(key)[:usable])
+        """`_match_post_processor` (both eras): the walk splits, and only the usable node
+        and its parents are touched (`reset_node_and_parents_mru`; 0.5.23 stamps
+        `best_match_node` and its ancestors), after the splits."""
+        idx = self._split_walk(key)
+        self.full_kv_hit_length = len(idx)
+        idx, node = super().match_prefix(tuple(key)[:self._swa_usable_len(idx)])
+        self.refresh_lru(node)                  # 0.5.23: MATCH_END from `best_match_node`
         return idx, node
+
+    def _swa_lru(self) -> bool:
+        return not self._wrapper()
+
+    def insert_mru(self, node) -> None:
+        """Borrow era `set_component_device_value`: a node given SWA KV goes to the SWA
+        LRU's MRU end."""
+        if self._swa_lru():
+            self.tick += 1
+            node.swa_tick = self.tick
+
+    def refresh_lru(self, node) -> None:
+        """Borrow era `reset_node_and_window_ancestors_mru` (MATCH_END / INSERT_END): the
+        node and its ancestors within `window + P` tokens that hold SWA KV move to the MRU
+        end, the node the most recent."""
+        if not self._swa_lru():
+            return
+        self.tick += 1
+        walked = 0
+        while node is not self.root_node and walked < self.sliding_window_size + self.page_size:
+            if self._swa_tokens(node):
+                node.swa_tick = self.tick
+            walked += len(node.key)
+            node = node.parent
+
+    def finalize_match_result_in_tree_core(self, req, device_prefix_len: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`): the
+        page-aligned full-KV hit of the last match becomes `req.swa_branching_seqlen` when
+        it runs past the SWA-usable prefix; None otherwise (and in the wrapper era)."""
+        aligned = self.page_align_len(self.full_kv_hit_length)
+        req.swa_branching_seqlen = aligned if not self._wrapper() and \
+            aligned > device_prefix_len else None
+
+    def prepare_for_caching_req(self, req, n: int):
+        """Borrow era `SWAComponent.prepare_for_caching_req`: a pending branch past the
+        protected prefix that the checkpoint reaches caps the insert at it."""
+        b = getattr(req, "swa_branching_seqlen", None)
+        if self._wrapper() or b is None or b <= req.cache_protected_len or b > n:
+            return None
+        return b
+
+    def cleanup_after_caching_req(self, req, cap, finished: bool) -> None:
+        """Borrow era `SWAComponent.cleanup_after_caching_req`: the branch inserted, it is
+        cleared and, unfinished, out-of-window SWA is freed again up to the extend end."""
+        if cap is None:
+            return
+        req.swa_branching_seqlen = None
+        if not finished:
+            self.free_out_of_window_slots(req, req.extend_end - 1)
+
+    def update_component_on_insert_overlap(self, key: tuple, value: torch.Tensor, end: int) -> None:
+        """Borrow era (0.5.23 `SWAComponent.update_component_on_insert_overlap`): the walk's
+        SWA-tombstoned nodes past prev_prefix_len take the request's SWA KV for their part
+        at or past the insert's `swa_evicted_seqlen` (`_recover_from_incoming`)."""
+        if not self._wrapper() and end:
+            self._recover_tombstones(key, value, end)
 
     def rematch_inserted(self, keys) -> tuple:
         """Borrow era: the whole inserted path, tombstoned pages included (0.5.23
@@ -351,21 +406,58 @@ class SWARadixCache(RadixCache):
             full += self._delete_tombstone_chain(parent)
         return full, swa
 
-    def swa_evictable_size(self) -> int:
-        """SWA tokens of unlocked nodes (a tombstone page has none). Wrapper era
-        (`SWARadixCache.swa_evictable_size_`): live nodes without an SWA lock."""
-        if self._wrapper():
+    def _swa_tokens(self, n) -> int:
+        """SWA tokens a node holds (`reclaimable_value_len`): its pages still mapped."""
+        P, alloc = self.page_size, self.token_to_kv_pool_allocator
+        return P * sum(1 for k in range(len(n.key) // P)
+                       if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+
+    def evict_for_alloc(self, n: int) -> None:
+        """Borrow era (0.5.23 `SWATokenToKVPoolAllocator.evict_to_free_tokens` ->
+        `UnifiedRadixCache.evict_for_alloc(EvictParams(num_tokens=full_shortfall,
+        swa_num_tokens=swa_shortfall))`, each an availability target): unlocked leaves,
+        least recent first, until the full pool has n free; then, while the SWA pool has
+        fewer than n free and the SWA tokens freed so far are below its shortfall, the SWA
+        walk (`SWAComponent._evict_device_next_node`): the least recent node holding SWA
+        KV outside every SWA lock is deleted when it is an unlocked leaf, else loses its
+        SWA KV only (`free_swa_segment`)."""
+        alloc = self.token_to_kv_pool_allocator
+        full_short = max(0, n - alloc.full_available_size())
+        swa_short = max(0, n - alloc.swa_available_size())
+        swa = 0
+        while full_short and alloc.full_available_size() < n:
+            leaves = [x for x in self.all_nodes() if self._is_candidate(x)]
+            if not leaves:
+                break
+            x = self._lru(leaves)
+            swa += self._swa_tokens(x)
+            self.delete_leaf(x)
+        while swa_short and swa < swa_short and alloc.swa_available_size() < n:
             locked = self.swa_locked()
+            cands = [x for x in self.all_nodes() if x.id not in locked and self._swa_tokens(x)]
+            if not cands:
+                return
+            x = min(cands, key=lambda m: (m.swa_tick, m.path()))
+            swa += self._swa_tokens(x)
+            if self._is_candidate(x):
+                self.delete_leaf(x)
+            else:
+                alloc.free_swa_segment(x.value.to(I64), start_pos=0)
+
+    def swa_evictable_size(self) -> int:
+        """SWA tokens of the nodes outside every SWA lock (a tombstone has none). Wrapper
+        era (`SWARadixCache.swa_evictable_size_`): their keys; borrow era (the SWA
+        component's evictable ledger): their mapped pages."""
+        locked = self.swa_locked()
+        if self._wrapper():
             return sum(len(n.key) for n in self.all_nodes()
                        if n.id not in locked and not self.tombstoned(n))
-        P, alloc = self.page_size, self.token_to_kv_pool_allocator
-        return sum(P for n in self.all_nodes() if n.lock_ref == 0
-                   for k in range(len(n.key) // P)
-                   if alloc.swa_page_of(int(n.value[k * P].item()) // P) != 0)
+        return sum(self._swa_tokens(n) for n in self.all_nodes() if n.id not in locked)
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         if not self._wrapper() and not self.disable:
-            self.free_out_of_window_slots(req, req.kv_committed_len - 1)
+            cap = self.prepare_for_caching_req(req, req.kv_committed_len)
+            self.free_out_of_window_slots(req, (req.kv_committed_len if cap is None else cap) - 1)
         # borrow era: `prepare_for_caching_req` gives the insert the request's cursor
         self._insert_ctx = (req.cache_protected_len,
                             0 if self._wrapper() else req.swa_evicted_seqlen)
@@ -409,8 +501,8 @@ class SWARadixCache(RadixCache):
         `redistribute_on_node_split` moves the uuid too): a holder whose SWA lock ended at
         the child now ends at the upper half."""
         new = super()._split_node(child, split_len)
-        if self._wrapper():     # the lower half is re-stamped, after the upper one
-            child.last_access_tick = self._creation_tick()
+        child.last_access_tick = self._creation_tick()  # the lower half: after the upper
+        new.swa_tick = child.swa_tick           # `lru.insert_after(child, new_node)`
         for h in self.lock_holders():
             if getattr(h, "swa_uuid_for_lock", None) is child:
                 h.swa_uuid_for_lock = new
@@ -450,6 +542,7 @@ class SWARadixCache(RadixCache):
                 inc = value[lo:stop].to(I64)
                 m[node.value.to(I64)] = m[inc]
                 m[inc] = 0
+                self.insert_mru(node)
             start = stop
 
     def insert(self, key, value: torch.Tensor) -> int:
@@ -462,6 +555,7 @@ class SWARadixCache(RadixCache):
             i = super().insert(key, value)
             if i < len(key):
                 self.commit_insert_component_data(key, i)
+            self.refresh_lru(self._end_node(key))   # 0.5.23: INSERT_END from the target
             return i
         i = self._existing_len(key)
         if i:
@@ -482,25 +576,36 @@ class SWARadixCache(RadixCache):
         """Borrow era (0.5.23 `SWAComponent.commit_insert_component_data` on the fresh leaf
         `[start, len(key))`): `_clip_to_window` splits it at the insert's
         `swa_evicted_seqlen`, the part below staying an SWA tombstone node; a leaf wholly
-        below the cursor stays one tombstone leaf."""
-        node, n = self.root_node, 0
-        while n < len(key):
-            node = node.children[self._child_key(key[n:])]
-            n += len(node.key)
+        below the cursor stays one tombstone leaf. The live fragments publish their SWA
+        KV, the older first (`insert_mru`)."""
+        node = self._end_node(key)
         live_start = max(start, self._insert_ctx[1])
         if live_start >= len(key):
             return
         if live_start > start:
             self._split_node(node, live_start - start)
-        self._maybe_split_leaf_for_swa_lock(node)
+        upper = self._maybe_split_leaf_for_swa_lock(node)
+        if upper is not None:
+            self.insert_mru(upper)
+        self.insert_mru(node)
 
-    def _maybe_split_leaf_for_swa_lock(self, leaf) -> None:
+    def _end_node(self, key: tuple):
+        """The node an inserted key ends on."""
+        node, n = self.root_node, 0
+        while n < len(key):
+            node = node.children[self._child_key(key[n:])]
+            n += len(node.key)
+        return node
+
+    def _maybe_split_leaf_for_swa_lock(self, leaf):
         """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`): a fresh live
-        leaf longer than one page-aligned window is split so its lower part is that window."""
+        leaf longer than one page-aligned window is split so its lower part is that window;
+        returns the new upper part, or None."""
         P = self.page_size
         tail_size = (self.sliding_window_size + P - 1) // P * P
         if len(leaf.key) > tail_size:
-            self._split_node(leaf, len(leaf.key) - tail_size)
+            return self._split_node(leaf, len(leaf.key) - tail_size)
+        return None
 
     def _existing_len(self, key: tuple) -> int:
         """How much of key the tree holds (whole pages), without touching it."""

@@ -27,9 +27,9 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
     checked by its trace (docs/upstream-findings.md), and on the borrow era with the
-    radix cache disabled or with its Mamba tree component (`mamba-tree`); SWA on the
-    wrapper era only: 0.5.23's SWA tree component is driven by a probe and a campaign but
-    refused in runs, adapters/sglang/hybrid.py)."""
+    radix cache disabled or with its Mamba tree component (`mamba-tree`); SWA on both:
+    on the borrow era without prefill-aware SWA, which 0.5.23 pairs only with an all-SWA
+    model and the adapter refuses, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -40,7 +40,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
         kw["accept"] = accept
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa") if era == "wrapper"
-                              else ("mamba-no-radix", "mamba-tree"))
+                              else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw
 

@@ -426,8 +426,14 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
         mrank = {t: i for i, t in enumerate(sorted({n.mamba_tick for _, n in held}))}
         tree = tuple((pth, None if n.mamba_value is None else mamba.setdefault(n.mamba_value, len(mamba)),
                       n.mamba_lock_ref, mrank[n.mamba_tick]) for pth, n in held)
+    if s.cfg.swa_window and s.cfg.era == "borrow":     # 0.5.23's SWA LRU: each SWA holder's rank
+        from spec.hybrid import swa_tokens
+        live = sorted((n.path, n.swa_tick) for n in dict.values(s.nodes) if n.id and swa_tokens(s, n))
+        srank = {t: i for i, t in enumerate(sorted({t for _, t in live}))}
+        tree += tuple((pth, srank[t]) for pth, t in live)
     reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx, uuid(r.swa_uuid_for_lock),
-                  ml(r), r.swa_evict_floor) for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
+                  ml(r), r.swa_evict_floor, r.swa_branching_seqlen)
+                 for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
     slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t), t.swa_evict_floor)
                   for sid, t in sorted(s.slots.items(), key=lambda x: sid_l[x[0]]))
     return (smap, len(s.swa_free_pages), reqs, slots, len(s.mamba_free_slots),

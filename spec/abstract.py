@@ -57,6 +57,7 @@ class ReqView:
     swa_evicted_seqlen: int = 0     # hybrid: SWA KV of [protected, here) is freed
     swa_evict_floor: int = 0        # hybrid: prefill-aware SWA's floor (swa_dead_lo)
     mamba: tuple = ()               # hybrid: mamba_pool_idx, then the ping-pong track buffer
+    swa_branching_seqlen: Optional[int] = None  # borrow-era SWA: the match's pending branch
 
 
 @dataclass(frozen=True)

@@ -128,15 +128,65 @@ def swa_short(s: State, n: int) -> bool:
 
 
 def swa_evictable_size(s: State) -> int:
-    """SWA tokens the tree can give back: the SWA pages of unlocked nodes (a tombstone
-    page gives none)."""
-    P, mapping = s.cfg.page_size, s.full_to_swa_index_mapping
-    if swa_tree_on(s):      # `SWARadixCache.swa_evictable_size`: live nodes, no SWA lock
-        locked = swa_locked_nodes(s)
+    """SWA tokens the tree can give back: those of the nodes outside every SWA lock (a
+    tombstone gives none). Wrapper era `SWARadixCache.swa_evictable_size`: the keys of the
+    live nodes; borrow era `UnifiedTreeCore.swa_evictable_size` (the SWA component's
+    evictable ledger, `reclaimable_value_len` of each node whose SWA `lock_ref` is 0):
+    their mapped pages. A full-locked node past its holder's SWA lock counts: the SWA
+    walk can tombstone it."""
+    locked = swa_locked_nodes(s)
+    if swa_tree_on(s):
         return sum(len(n.key) for n in dict.values(s.nodes)
                    if n.id != 0 and n.id not in locked and not swa_tombstoned(s, n))
-    return sum(P for n in s.nodes.values() if n.lock_ref == 0 and n.id != 0
-               for p in n.pages if p in mapping)
+    return sum(swa_tokens(s, n) for n in dict.values(s.nodes) if n.id != 0 and n.id not in locked)
+
+
+def swa_tokens(s: State, node) -> int:
+    """The SWA tokens a node holds (`reclaimable_value_len`): its pages still mapped."""
+    m = s.full_to_swa_index_mapping
+    return s.cfg.page_size * sum(1 for p in node.pages if p in m)
+
+
+def swa_lru_on(s: State) -> bool:
+    """0.5.23's SWA component keeps its own LRU list (`lru_lists[SWA]`): SWA on, borrow era."""
+    return s.cfg.swa_window > 0 and s.cfg.era == "borrow"
+
+
+def swa_insert_mru(s: State, nid: int) -> None:
+    """Borrow era `set_component_device_value` (an SWA value stored on a node: a fresh
+    leaf's window published, a tombstone recovered by an insert): `insert_mru`."""
+    if swa_lru_on(s):
+        s.tick += 1
+        s.nodes[nid].swa_tick = s.tick
+
+
+def swa_refresh(s: State, nid: int) -> None:
+    """Borrow era `SWAComponent.refresh_lru` at MATCH_END / INSERT_END (`swa.py` l.332-355,
+    `reset_node_and_window_ancestors_mru`, `unified_tree_core.py` l.332-355): from the node
+    up, while fewer than `window + P` tokens were walked, every node holding SWA KV moves
+    to the MRU end, the node first (one stamp: the deeper, the more recent). Its
+    ancestors past that stay where they are, unlike the FULL component's access times."""
+    if not swa_lru_on(s):
+        return
+    s.tick += 1
+    walked, limit = 0, s.cfg.swa_window + s.cfg.page_size
+    while nid != 0 and walked < limit:
+        n = dict.__getitem__(s.nodes, nid)
+        if swa_tokens(s, n):
+            s.nodes[nid].swa_tick = s.tick
+        walked += len(n.key)
+        nid = n.parent
+
+
+def swa_evict_victim(s: State, order):
+    """Borrow era `SWAComponent._evict_device_next_node` (`swa.py` l.754-841): the least
+    recent node (by `order`) holding SWA KV and not SWA-locked, or None. The caller deletes
+    it whole when it is an unlocked leaf (`evict_device_leaf`), else frees only its SWA KV
+    (an SWA tombstone; its tombstoned ancestors stay: only the FULL value decides)."""
+    locked = swa_locked_nodes(s)
+    cands = [n for n in dict.values(s.nodes)
+             if n.id != 0 and n.id not in locked and swa_tokens(s, n)]
+    return min(cands, key=order) if cands else None
 
 
 def swa_admission_short(s: State, need: int) -> bool:
@@ -220,7 +270,13 @@ def _free_swa_borrow(s: State, req: Req, pre_len: int, interval: int) -> None:
     new = swa_evict_target_borrow(evicted, pre_len, window, P)
     if new > evicted:
         row = s.rows[req.row]
-        free_swa(s, [row[k] for k in row_pages(evicted, new, P)])
+        pages = [row[k] for k in row_pages(evicted, new, P)]
+        if None in pages:       # only two turns on one record (accepted U1/U2) get here
+            from spec.model import ModelError
+            raise ModelError(f"free_swa_out_of_window_slots: req {req.rid}'s pre_len {pre_len} "
+                             f"runs past its record's allocated row ({req.allocated}): upstream "
+                             f"frees req_to_token entries it never allocated")
+        free_swa(s, pages)
         req.swa_evicted_seqlen = new
 
 
@@ -400,6 +456,43 @@ def clip_to_window(s: State, start: int, end: int, swa_evicted_seqlen: int):
     return None if live_start >= end else live_start
 
 
+def swa_branching_seqlen(s: State, full_hit: int, usable: int):
+    """Borrow era (0.5.23 `SWAComponent.finalize_match_result_in_tree_core`, `swa.py`
+    l.379-422): a match whose full-KV hit runs past its SWA boundary (the usable prefix)
+    records the page-aligned full hit as the branching point; None otherwise, without SWA
+    and in the wrapper era (a session slot's match, `try_match_prefix`, records None too).
+    pre: 0 <= usable <= full_hit
+    post: __return__ is None or usable < __return__ <= full_hit
+    """
+    if not swa_on(s) or s.cfg.era != "borrow":
+        return None
+    aligned = floor_align(full_hit, s.cfg.page_size)
+    return aligned if aligned > usable else None
+
+
+def swa_branch_cache_len(req: Req, token_ids_len: int):
+    """Borrow era `SWAComponent.prepare_for_caching_req` (`swa.py` l.1017-1028): a pending
+    `swa_branching_seqlen` past the protected prefix that the checkpoint's tokens reach caps
+    the insert at it (the tree takes the branch first, recovering the tombstones of the
+    full hit on its walk); None: no cap. (Its EAGLE bigram `+ 1` is not modelled: kvcheck's
+    keys are plain tokens.)"""
+    b = req.swa_branching_seqlen
+    return None if b is None or b <= req.protected or b > token_ids_len else b
+
+
+def cleanup_swa_branch(s: State, req: Req, branch, finished: bool) -> None:
+    """Borrow era `SWAComponent.cleanup_after_caching_req` (`swa.py` l.1051-1069): once an
+    insert capped at the branch took it (`swa_branch_inserted`: the key reaches it, always
+    so when `swa_branch_cache_len` capped it), the request's `swa_branching_seqlen` is
+    cleared and, unfinished, its out-of-window SWA is freed again up to its forward
+    (`pre_len = len(get_fill_ids()) - 1`, the extend end), interval 1."""
+    if branch is None:
+        return
+    req.swa_branching_seqlen = None
+    if not finished:
+        _free_swa_borrow(s, req, req.extend_end - 1, 1)
+
+
 def swa_lock_split(leaf_len: int, window: int, p: int):
     """Borrow era (0.5.23 `SWAComponent._maybe_split_leaf_for_swa_lock`, `swa.py`
     l.593-624): a fresh live leaf longer than one page-aligned window
@@ -546,7 +639,9 @@ def restore_swa_fields(slot: Slot, req: Req) -> None:
 
 
 def reset_for_retract(req: Req) -> None:
-    """`reset_for_retract`: the cursor and the batch index restart; the Mamba refs are
-    already None (saved into the slot or freed by release_kv_cache)."""
+    """`reset_for_retract`: the cursor and the batch index restart, the branching point is
+    dropped; the Mamba refs are already None (saved into the slot or freed by
+    release_kv_cache)."""
     req.swa_evicted_seqlen = 0
     req.decode_batch_idx = 0
+    req.swa_branching_seqlen = None

@@ -154,11 +154,12 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     child.parent = new.id
     new.children[_page_key(s, child.key, 0)] = child_id
     hybrid.move_swa_uuid(s, child_id, new.id)
+    new.swa_tick = child.swa_tick       # 0.5.23: `lru.insert_after(child, new_node)`
     if mamba_tree.on(s):
         mamba_tree.split(new)
-    if hybrid.swa_tree_on(s) or mamba_tree.on(s):
-        # SWARadixCache, and 0.5.23's `_split_node` with a Mamba component (whose match
-        # stamps only the node it ends on): the lower half is re-stamped, after the upper
+    if hybrid.swa_on(s) or mamba_tree.on(s):
+        # SWARadixCache, and 0.5.23's `_split_node` with an SWA or a Mamba component (whose
+        # match stamps only the node it ends on): the lower half is re-stamped, after the upper
         child.tick = _creation_tick(s)
     return new.id
 
@@ -219,7 +220,7 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
     (`hybrid.swa_tombstone_cut`)."""
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
-    if hybrid.swa_tree_on(s):
+    if hybrid.swa_on(s):
         _recover_tombstones(s, key, pages, i, prev_prefix_len, swa_evicted_seqlen)
     cut = hybrid.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
     if i < cut == len(key):
@@ -230,6 +231,7 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
             nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
     if i < len(key):
         _commit_swa_leaf(s, nid, i, len(key), swa_evicted_seqlen)
+    hybrid.swa_refresh(s, nid)                  # 0.5.23: INSERT_END from the target node
     return i
 
 
@@ -244,7 +246,8 @@ def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seql
         _split_node(s, leaf, live_start - start)
     cap = hybrid.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
     if cap is not None:
-        _split_node(s, leaf, cap)
+        hybrid.swa_insert_mru(s, _split_node(s, leaf, cap))     # older fragments publish first
+    hybrid.swa_insert_mru(s, leaf)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
@@ -266,6 +269,7 @@ def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
             if lo > start:
                 _split_node(s, nid, lo - start)
             hybrid.adopt_swa(s, s.nodes[nid].pages, pages[lo // P:stop // P])
+            hybrid.swa_insert_mru(s, nid)       # the recovered node's SWA value is stored
         start = stop
 
 
@@ -413,6 +417,9 @@ def alloc_mamba_slot(s: State, where: str) -> int:
 def evict_from_tree_cache(s: State, n: int) -> None:
     """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
     if s.cfg.era == "borrow":
+        if hybrid.swa_on(s):
+            evict_for_alloc_swa(s, n)
+            return
         # 0.5.22+ `allocator.evict_to_free_tokens`: evict only the shortfall
         if available_size(s) < n:
             evict(s, n - available_size(s))
@@ -431,6 +438,36 @@ def evict_from_tree_cache(s: State, n: int) -> None:
         evict(s, n)
 
 
+def evict_for_alloc_swa(s: State, n: int) -> None:
+    """0.5.23 `SWATokenToKVPoolAllocator.evict_to_free_tokens` (`allocator/swa.py`
+    l.210-220) -> `UnifiedRadixCache.evict_for_alloc` with each pool's shortfall as an
+    availability target (`unified_radix_cache.py` l.706-779, `_evict_components`
+    l.952-1027): the FULL walk deletes unlocked leaves, least recent first, until the full
+    pool has n free; then, while the SWA pool has fewer than n free and the SWA tokens
+    freed so far (the FULL walk's leaves counted) are below its shortfall, the SWA walk
+    (`hybrid.swa_evict_step`)."""
+    P = s.cfg.page_size
+    full_short = max(0, n - len(s.free_pages) * P)
+    swa_short = max(0, n - hybrid.swa_available_size(s))
+    swa_freed = 0
+    while full_short and len(s.free_pages) * P < n:
+        leaves = evictable_leaves(s)
+        if not leaves:
+            break
+        leaf = min(leaves, key=lambda x: (x.tick, node_path(s, x.id)))
+        swa_freed += hybrid.swa_tokens(s, leaf)
+        _delete_node(s, leaf)
+    while swa_short and swa_freed < swa_short and hybrid.swa_available_size(s) < n:
+        x = hybrid.swa_evict_victim(s, lambda m: (m.swa_tick, node_path(s, m.id)))
+        if x is None:
+            return
+        swa_freed += hybrid.swa_tokens(s, x)
+        if not x.children and x.lock_ref == 0:
+            _delete_node(s, x)
+        else:
+            hybrid.free_swa(s, x.pages)
+
+
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
     """Inner `RadixCache.cache_unfinished_req` (DOMAIN.md 2.4): the page-aligned
     committed prefix moves into the tree and the lock moves with it. A disabled tree
@@ -442,9 +479,11 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
         return
     P = s.cfg.page_size
     row = s.rows[req.row]
-    keys_len = floor_align(req.committed, P)
+    branch = hybrid.swa_branch_cache_len(req, req.committed)
+    cache_len = req.committed if branch is None else branch
+    keys_len = floor_align(cache_len, P)
     key = req.fill_ids[:keys_len]
-    hybrid.free_out_of_window_slots(s, req, req.committed)
+    hybrid.free_out_of_window_slots(s, req, cache_len)
     new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
                             prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
@@ -461,6 +500,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     inc_lock_ref(s, req.last_node)
     req.locked = True
     hybrid.note_swa_lock(s, req)
+    hybrid.cleanup_swa_branch(s, req, branch, finished=False)
 
 
 def insert_mamba(s: State, key: tuple, pages: list, value: int) -> tuple[int, int, bool]:
@@ -545,7 +585,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             dec_lock_ref(s, req.last_node)
             req.locked = False
         return
-    keys_len = floor_align(committed, P)
+    branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
+    keys_len = floor_align(committed if branch is None else branch, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
                                 req.swa_evicted_seqlen, req.protected)
@@ -560,6 +601,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     if req.locked:
         dec_lock_ref(s, req.last_node)
         req.locked = False
+    hybrid.cleanup_swa_branch(s, req, branch, finished=True)
 
 
 # ---------------------------------------------------------------------------
@@ -780,6 +822,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
     finished_len = req.finished_len if req.finished_len is not None else len(req.output)
     target = len(req.origin) + finished_len
     _trim_overshoot(s, req, finished_len)
+    req.swa_branching_seqlen = None
     _save_from_req(slot, req, is_first)
     slot.committed = min(target, slot.allocated)
     if s.cfg.era == "borrow":
@@ -853,6 +896,7 @@ def _match(s: State, req: Req) -> int:
         req.last_node = ("virtual", req.session)
         req.protected = slot.protected
         req.prefix_len = prefix_len
+        req.swa_branching_seqlen = None     # `try_match_prefix`'s MatchResult carries none
         return prefix_len
     if mamba_tree.on(s):
         nid, pages = _match_mamba_tree(s, req)
@@ -860,13 +904,16 @@ def _match(s: State, req: Req) -> int:
         req.protected = req.prefix_len = len(pages)
         req.prefix_pages = tuple(pages)
         return req.prefix_len
-    swa_tree = hybrid.swa_tree_on(s)
+    swa_tree = hybrid.swa_on(s)
     nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
+    req.swa_branching_seqlen = hybrid.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
     if usable < len(pages) * s.cfg.page_size or swa_tree:
-        # SWARadixCache `_match_post_processor`: only the usable node and its parents
-        # are touched (`reset_node_and_parents_mru`), after the walk's splits
+        # SWARadixCache `_match_post_processor` (0.5.23's too: it stamps `best_match_node`
+        # and its ancestors, the SWA validator's last valid node): only the usable node
+        # and its parents are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill_ids[:usable])
+        hybrid.swa_refresh(s, nid)          # 0.5.23: MATCH_END from `best_match_node`
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
     req.prefix_len = req.protected

@@ -146,6 +146,8 @@ class Node:
                                         # None (a Mamba tombstone: KV kept, ends no match)
     mamba_lock_ref: int = 0     # component_data[MAMBA].lock_ref: the node's own state only
     mamba_tick: int = 0         # position in the Mamba LRU list (larger: more recent)
+    swa_tick: int = 0           # 0.5.23's SWA component LRU position (larger: more recent;
+                                # equal: the deeper node is the more recent)
 
     def copy(self) -> "Node":
         n = object.__new__(Node)
@@ -188,6 +190,7 @@ class Req:
     swa_evicted_seqlen: int = 0             # [protected, here) has had its SWA KV freed
     swa_evict_floor: int = 0                # [0, here) never window-evicted (prefill_aware_swa)
     swa_uuid_for_lock: Optional[tuple] = None   # the SWA lock boundary taken with last_node
+    swa_branching_seqlen: Optional[int] = None  # borrow era: the match's full hit past its SWA boundary
     decode_batch_idx: int = 0               # decode batches run (SWA eviction from the 2nd)
     mamba_pool_idx: Optional[int] = None    # Mamba state slot (HybridReqToTokenPool)
     mamba_ping_pong_track_buffer: Optional[tuple] = None    # track slots; -1 = lazy, none yet

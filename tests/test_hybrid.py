@@ -472,7 +472,10 @@ def test_wire_roundtrip_keeps_hybrid_fields():
 
 def test_sglang_adapter_refuses_what_it_does_not_drive():
     from adapters.sglang.hybrid import refusal
-    assert "config.swa_window" in refusal(SWA_P1, "borrow")
+    assert refusal(SWA_P1, "borrow") is None        # 0.5.23: adapters/sglang/swa_unified.py
+    assert "config.prefill_aware_swa" in refusal(replace(SWA_P1, era="borrow", prefill_aware_swa=True),
+                                                 "borrow")
+    assert "config.swa_window" in refusal(replace(SWA_P1, mamba_slots=2), "borrow")
     assert refusal(SWA_P1, "flat") is None          # 0.5.15: adapters/sglang/swa_tree.py
     assert "config.mamba_slots" in refusal(Config(mamba_slots=2), "borrow")
     assert refusal(Config(mamba_slots=2), "flat") is None and refusal(Config(), "borrow") is None

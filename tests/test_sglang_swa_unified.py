@@ -2,10 +2,10 @@
 built through `registry.create_unified_radix_cache` as production builds it for a
 sliding-window model, over the real `SWATokenToKVPoolAllocator`, driven by the adapter and
 read back (node SWA values and locks, the holders' cursors, the SWA lock boundary) beside
-the spec. The adapter still refuses swa_window on 0.5.23 (adapters/sglang/hybrid.py): the
-spec does not yet follow every borrow-era SWA rule of the release (docs/semantics.md, "The
-0.5.23 SWA tree against the spec"). The release tests
-skip without .venv-sglang-0.5.23 (adapters/sglang/make_env.sh 0.5.23)."""
+the spec. Since the spec follows the release's SWA rules (docs/semantics.md, "The 0.5.23 SWA
+tree against the spec"), the adapter runs swa_window on 0.5.23 and refuses only
+prefill-aware SWA on this tree (W1) and SWA beside a Mamba pool or a disabled tree. The
+release tests skip without .venv-sglang-0.5.23 (adapters/sglang/make_env.sh 0.5.23)."""
 from __future__ import annotations
 
 import pytest
@@ -21,9 +21,14 @@ def _need_0523():
         pytest.skip("no .venv-sglang-0.5.23")
 
 
-def test_sglang_adapter_still_refuses_swa_on_0523():
+def test_sglang_adapter_runs_swa_on_0523_but_not_prefill_aware():
+    """The refusal is lifted for the sliding-window tree; prefill-aware SWA on it (W1: no
+    production pairing) and SWA beside a Mamba pool or a disabled tree stay refused."""
+    from dataclasses import replace
     from adapters.sglang.hybrid import refusal
-    assert "UnifiedRadixCache" in refusal(CFG, "borrow")
+    assert refusal(CFG, "borrow") is None
+    assert "PureSWARadixCache" in refusal(replace(CFG, prefill_aware_swa=True), "borrow")
+    assert "sliding-window model only" in refusal(replace(CFG, disable_radix_cache=True), "borrow")
 
 
 @pytest.fixture(scope="module")

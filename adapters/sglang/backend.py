@@ -261,19 +261,20 @@ class SglangBackend:
             return real_free(free_index)
 
         full.free = free
-        real_free_page_ids = getattr(self.alloc, "free_page_ids", None)
+        real_free_page_ids = getattr(full, "free_page_ids", None)
         if real_free_page_ids is None:
             return
 
         def free_page_ids(page_ids):
-            # 0.5.23 paged allocator: free_segment (tree eviction, segment frees) releases
-            # page ids here, never through free()
+            # 0.5.23 paged allocator: free_segment (tree eviction, segment frees; under SWA
+            # the full side's `free_full_segment` too) releases page ids here, never
+            # through free()
             for page in set(page_ids.to("cpu").long().tolist()):
                 for o in range(P):
                     shadow.pop(page * P + o, None)
             return real_free_page_ids(page_ids)
 
-        self.alloc.free_page_ids = free_page_ids
+        full.free_page_ids = free_page_ids
 
     # -- small upstream-named helpers ---------------------------------------------
 
@@ -977,6 +978,8 @@ class SglangBackend:
             return {}
         if self.api != "flat":
             out = swa_unified.swa_fields(holder)
+            if paths is None:                   # a request: its pending SWA branch
+                out["swa_branching_seqlen"] = swa_unified.branching_seqlen(holder)
             if paths is not None:
                 node = swa_unified.uuid_node(self.cache, swa_unified.lock_uuid(
                     getattr(holder, "lock", None)))

@@ -15,14 +15,16 @@ SWA (issue 15): the real `SWATokenToKVPoolAllocator` constructs and runs on the 
 0.5.15 (wrapper era): the tree production pairs with it, `SWARadixCache` wrapped by
 `StreamingSession`, is driven too (adapters/sglang/swa_tree.py). 0.5.23 (borrow era):
 `UnifiedRadixCache` with the FULL + SWA components is built as production builds it and
-driven and read back (adapters/sglang/swa_unified.py: cursors, floors, per-node SWA values
-and locks, the SWA lock boundary; C6/C7 on the concrete tree), but the adapter still
-refuses swa_window there (one line, `refusal`): the spec now follows the release's
-checkpoint (the out-of-window free, the tombstone node, the window-capped leaf; every
-`swa_unified_probe` sequence runs in lockstep), but not yet `swa_branching_seqlen` nor an
-insert's recovery of an existing tombstone node, and the campaign
-(benchmarks/swa_0523_campaign.py) still parts on unexamined walks (docs/semantics.md, "The
-0.5.23 SWA tree against the spec").
+driven and read back (adapters/sglang/swa_unified.py: cursors, floors, a request's
+`swa_branching_seqlen`, per-node SWA values and locks, the SWA lock boundary; C6/C7 on the
+concrete tree), and runs in `check`/`fuzz`: the spec follows the release's SWA component
+(the checkpoint's out-of-window free, tombstone node and window-capped leaf,
+`swa_branching_seqlen`, an insert's tombstone recovery, the joint FULL + SWA eviction for
+an allocation over the SWA LRU, the SWA-lock evictable size; docs/semantics.md, "The 0.5.23
+SWA tree against the spec"), and every walk of the campaign (benchmarks/swa_0523_campaign.py)
+without prefill-aware SWA passes. `refusal` keeps one line for prefill-aware SWA on this
+tree (candidate W1: 0.5.23 builds it only for an all-SWA model, `PureSWARadixCache`) and
+one for SWA beside a Mamba pool or a disabled tree (not driven).
 
 Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
 - the tree on, `config.mamba_tree`: `UnifiedRadixCache` with FULL + MAMBA components, what
@@ -74,12 +76,14 @@ import types
 
 def refusal(cfg, api: str):
     """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
-    if cfg.swa_window and api != "flat":
-        return ("config.swa_window: 0.5.23's UnifiedRadixCache SWA component runs here "
-                "(adapters/sglang/swa_unified.py) but kvcheck's borrow-era SWA spec does not "
-                "follow it all yet (swa_branching_seqlen, an insert's tombstone recovery; "
-                "docs/semantics.md); use swa_window=0 "
-                "with a borrow-era release, or sglang 0.5.15")
+    if cfg.swa_window and api != "flat" and cfg.prefill_aware_swa:
+        return ("config.prefill_aware_swa: 0.5.23 pairs prefill-aware SWA only with an all-SWA "
+                "model (PureSWARadixCache), not with the UnifiedRadixCache this adapter drives, "
+                "where the release leaks SWA pages (candidate W1, docs/semantics.md); use "
+                "prefill_aware_swa=False")
+    if cfg.swa_window and api != "flat" and (cfg.disable_radix_cache or cfg.mamba_slots):
+        return ("config.swa_window with disable_radix_cache or mamba_slots: the adapter drives "
+                "0.5.23's SWA component on the radix tree of a sliding-window model only")
     if cfg.mamba_tree and api == "flat":
         return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
                 "component, not 0.5.15's MambaRadixCache; use a borrow-era release")

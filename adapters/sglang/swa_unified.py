@@ -69,6 +69,14 @@ def swa_fields(holder) -> dict:
                 swa_evict_floor=int(kv.swa_evict_floor))
 
 
+def branching_seqlen(req):
+    """A request's `swa_branching_seqlen` (set by `common.match_kv_cache` from the SWA
+    component's `finalize_match_result_in_tree_core`, cleared once a checkpoint inserted
+    the branch)."""
+    b = getattr(req, "swa_branching_seqlen", None)
+    return None if b is None else int(b)
+
+
 def lock_uuid(lock):
     """The SWA boundary uuid a `TreeLock`'s receipt carries (None: the segment reached the
     root, or no lock)."""

@@ -108,11 +108,16 @@ def draw_tree_off(d: Drawer, cfg: Config) -> Config:
 
 
 HYBRID_KINDS = ("swa", "mamba", "swa+mamba")
-"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds) only when
-named, and by default one Mamba-only config in MAMBA_TREE_ONE_IN, of either drawn era
+"""The kinds drawn by default; "mamba-tree" (and the sglang backends' kinds, e.g. 0.5.23's
+"swa-no-prefill-aware"; "swa-full-pool" also keeps the SWA pool as large as the full one)
+only when named, and by default one Mamba-only config in MAMBA_TREE_ONE_IN, of either drawn era
 (`draw_mamba_tree_in`)."""
 MAMBA_TREE_ONE_IN = 2
 
+
+SWA_NO_FLOOR = ("swa-no-prefill-aware", "swa-full-pool")
+"""SWA kinds drawn without 0.5.23's prefill-aware SWA (which the release pairs only with an
+all-SWA model: the sglang adapter refuses it, docs/semantics.md W1)."""
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
 NO_LAZY = ("off", "off", "eager")
@@ -133,11 +138,12 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
-        kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2), max(2, cfg.num_pages - 2)],
-                                       "swa_num_pages")
+        if kind != "swa-full-pool":
+            kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2),
+                                            max(2, cfg.num_pages - 2)], "swa_num_pages")
         kw["swa_eviction_interval"] = d.choice([1, 1, 2, 3], "swa_eviction_interval")
-        if cfg.era == "borrow":         # 0.5.23's prefill-aware SWA (the sglang backends draw
-            kw["prefill_aware_swa"] = boolean(d, "prefill_aware_swa")  # no borrow-era SWA)
+        if cfg.era == "borrow" and kind not in SWA_NO_FLOOR:    # 0.5.23's prefill-aware SWA
+            kw["prefill_aware_swa"] = boolean(d, "prefill_aware_swa")
     if "mamba" in kind:
         kw["mamba_slots"] = d.integer(1, 2 * cfg.num_rows + 2, "mamba_slots")
         lazy_ok = not cfg.spec_enabled and kind != "mamba-no-lazy"
