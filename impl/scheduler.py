@@ -91,8 +91,9 @@ class Scheduler:
             self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
                                           page_size, self.device)
         self.radix_cache.disable = disable_radix_cache
-        if mamba_tree:                  # 0.5.23's MAMBA tree component (impl/mamba_tree.py)
-            self.radix_cache.mamba = MambaComponent(self.radix_cache)
+        if mamba_tree:                  # the Mamba tree (impl/mamba_tree.py): 0.5.23's MAMBA
+            self.radix_cache.mamba = MambaComponent(self.radix_cache,   # component, 0.5.15's
+                                                    wrapper=era == "wrapper")  # MambaRadixCache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only

@@ -91,8 +91,9 @@ class Config:
     builds a `ChunkCache` instead: not modelled). A hybrid SSM model's tree then keeps
     no Mamba state (adapters/sglang/hybrid.py)."""
     mamba_tree: bool = False
-    """0.5.23's `UnifiedRadixCache` MAMBA component (borrow era, with `mamba_slots`): tree
-    nodes keep Mamba states (spec/mamba_tree.py). Off: the tree keeps none and a plain
+    """The Mamba tree (with `mamba_slots`): tree nodes keep Mamba states
+    (spec/mamba_tree.py): 0.5.23's `UnifiedRadixCache` MAMBA component (borrow era),
+    0.5.15's `MambaRadixCache` under the `StreamingSession` wrapper (wrapper era). Off: the tree keeps none and a plain
     release frees the request's state (the pairing kvcheck drove before; not a production
     one with the radix cache on, adapters/sglang/hybrid.py). Needs page_size 1, no extra
     buffer (upstream asserts page 1 without it), no chunked prefill and no SWA (not
@@ -182,8 +183,7 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
 
 def _mamba_tree_error(cfg: "Config") -> Optional[str]:
     """The first setting that config.mamba_tree cannot run with, or None."""
-    for bad, why in ((cfg.era != "borrow", "era='borrow' (0.5.15's MambaRadixCache is not modelled)"),
-                     (not cfg.mamba_slots, "config.mamba_slots >= 1"),
+    for bad, why in ((not cfg.mamba_slots, "config.mamba_slots >= 1"),
                      (cfg.disable_radix_cache, "disable_radix_cache=False (a disabled tree keeps no state)"),
                      (cfg.page_size != 1, "page_size 1 (MambaComponent asserts it without the extra buffer)"),
                      (cfg.mamba_extra_buffer != "off", "mamba_extra_buffer 'off' (the track buffers' "

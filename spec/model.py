@@ -156,6 +156,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     hybrid.move_swa_uuid(s, child_id, new.id)
     if mamba_tree.on(s):
         mamba_tree.split(new)
+        mamba_tree.walk_touch(s, child)
     if hybrid.swa_tree_on(s) or mamba_tree.on(s):
         # SWARadixCache, and 0.5.23's `_split_node` with a Mamba component (whose match
         # stamps only the node it ends on): the lower half is re-stamped, after the upper
@@ -181,6 +182,7 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     node id, matched length, its pages)."""
     s.tick += 1
     access = s.tick
+    touch_states = stamp and mamba_tree.wrapper_rules(s)
     nid, pages, i = ROOT, [], 0
     while i < len(key):
         cid = s.nodes[nid].children.get(_page_key(s, key, i))
@@ -189,6 +191,8 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
         child = s.nodes[cid]
         if stamp:
             child.tick = access
+        if touch_states:
+            mamba_tree.walk_touch(s, child)
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -332,12 +336,23 @@ def _evict_full(s: State, num_tokens: int) -> tuple:
         leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
         swa += 0 if hybrid.swa_tombstoned(s, leaf) else len(leaf.key)
         evicted += _delete_node(s, leaf)
-        parent = s.nodes[leaf.parent]
-        while hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and \
-                parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent):
-            evicted += _delete_node(s, parent)
-            parent = s.nodes[parent.parent]
+        evicted += _delete_tombstone_parents(s, leaf)
     return evicted, swa
+
+
+def _delete_tombstone_parents(s: State, leaf: Node) -> int:
+    """`_iteratively_delete_tombstone_leaf` after a deleted leaf: its parents left
+    childless and unlocked go too while they are tombstones (wrapper era: an SWA-
+    tombstoned node under SWA, a stateless node under the Mamba tree); returns their
+    tokens."""
+    evicted = 0
+    parent = s.nodes[leaf.parent]
+    while (hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and
+           parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent)) or \
+            mamba_tree.tombstone_leaf(s, parent):
+        evicted += _delete_node(s, parent)
+        parent = s.nodes[parent.parent]
+    return evicted
 
 
 def _delete_node(s: State, leaf: Node) -> int:
@@ -373,11 +388,7 @@ def _evict_swa(s: State, num_tokens: int) -> None:
             continue
         x = s.nodes[x.id]
         _delete_node(s, x)
-        parent = s.nodes[x.parent]
-        while parent.id != ROOT and not parent.children and parent.lock_ref == 0 and \
-                hybrid.swa_tombstoned(s, parent):
-            _delete_node(s, parent)
-            parent = s.nodes[parent.parent]
+        _delete_tombstone_parents(s, x)
 
 
 def evict_mamba(s: State, num: int) -> None:
@@ -393,6 +404,7 @@ def evict_mamba(s: State, num: int) -> None:
         x = s.nodes[min(cands, key=lambda n: n.mamba_tick).id]
         if not x.children and x.lock_ref == 0:
             _delete_node(s, x)
+            _delete_tombstone_parents(s, x)
         else:
             mamba_tree.drop_state(s, x)
         freed += 1
@@ -881,16 +893,10 @@ def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
     with the node locked when the pool is empty)."""
     last, _, pages = _walk(s, req.fill_ids[:_key_limit(req)], stamp=False)
     best = mamba_tree.best_node(s, last)
-    s.tick += 1
-    nid = best
-    while nid != ROOT:
-        n = s.nodes[nid]
-        n.tick = s.tick
-        nid = n.parent
+    _match_post_stamp(s, best)
     if best == ROOT:
         return ROOT, []
     node = s.nodes[best]
-    mamba_tree.touch(s, node)
     if req.mamba_pool_idx is None:
         if not s.mamba_free_slots:
             inc_lock_ref(s, ("node", best))
@@ -901,6 +907,24 @@ def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
             raise ModelError("finalize_match_result_in_cache: Can not alloc mamba cache")
         req.mamba_pool_idx = m
     return best, pages[:len(node.path)]
+
+
+def _match_post_stamp(s: State, best: int) -> None:
+    """`_match_post_processor`'s touches: best and its ancestors get one access tick; the
+    Mamba LRU takes best's state to the MRU end (0.5.23 `refresh_lru` MATCH_END), every
+    state on its path (0.5.15 `reset_node_and_parents_mru`)."""
+    s.tick += 1
+    nid = best
+    while nid != ROOT:
+        n = s.nodes[nid]
+        n.tick = s.tick
+        nid = n.parent
+    if best == ROOT:
+        return
+    if mamba_tree.wrapper_rules(s):
+        mamba_tree.touch_path(s, best)
+    else:
+        mamba_tree.touch(s, s.nodes[best])
 
 
 def _mamba_revert_cow(s: State, req: Req) -> None:
@@ -940,8 +964,9 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     elif not (req.committed > 0):
         raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
                          f"with kv_committed_len=0 and no chunk in flight")
-    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity`
-        short = hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)
+    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity` (0.5.23),
+        short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
+            hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
         if short > 0:
             evict_mamba(s, short)
     hybrid.alloc_mamba(s, req)

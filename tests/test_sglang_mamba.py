@@ -6,6 +6,8 @@ states when it is on (adapters/sglang/hybrid.py `mamba_tree_probe`). The real-re
 tests skip without .venv-sglang-0.5.23."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spec import hybrid as H
@@ -120,9 +122,13 @@ def test_sglang_adapter_drives_0523_mamba_only_with_the_tree_disabled():
 
 
 def _need_0523():
+    _need("0.5.23")
+
+
+def _need(version):
     from adapters.sglang.proxy import venv_python
-    if not venv_python("0.5.23").exists():
-        pytest.skip("no .venv-sglang-0.5.23")
+    if not venv_python(version).exists():
+        pytest.skip(f"no .venv-sglang-{version}")
 
 
 @pytest.mark.parametrize("ops", [SHARED_PREFIX + [O.Finish(2)], SESSION], ids=["plain", "session"])
@@ -132,14 +138,14 @@ def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
     the session's slot shares the turn's Mamba refs, an aborted turn's record goes back
     and is freed, `_free_slot_mamba` skips the lazy buffer's empty entry at close."""
     _need_0523()
-    _assert_lockstep_on_0523(NO_RADIX, ops)
+    _assert_lockstep_on(NO_RADIX, ops)
 
 
-def _assert_lockstep_on_0523(cfg, ops):
-    """Run ops on the served 0.5.23 beside the spec; fail with the rendered divergence."""
+def _assert_lockstep_on(cfg, ops, version="0.5.23"):
+    """Run ops on the served release beside the spec; fail with the rendered divergence."""
     from adapters.sglang.proxy import SglangProxy
     from kvcheck.checker import run_ops
-    b = SglangProxy(cfg, "0.5.23")
+    b = SglangProxy(cfg, version)
     try:
         r = run_ops(cfg, ops, b, backend_name=b.name)
     finally:
@@ -163,7 +169,7 @@ def test_sglang_adapter_drives_0523_mamba_with_the_tree_component():
     from adapters.sglang.hybrid import refusal
     assert refusal(MAMBA_TREE, "borrow") is None
     assert "mamba_tree=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
-    assert "0.5.15's MambaRadixCache" in refusal(MAMBA_TREE, "flat")
+    assert refusal(replace(MAMBA_TREE, era="wrapper"), "flat") is None
 
 
 def test_real_0523_mamba_tree_agrees_with_the_spec():
@@ -176,21 +182,54 @@ def test_real_0523_mamba_tree_agrees_with_the_spec():
     for op in TREE_OPS:
         s, _ = step(s, op)
     assert any(n.mamba_value for n in s.nodes.values())
-    _assert_lockstep_on_0523(MAMBA_TREE, TREE_OPS)
+    _assert_lockstep_on(MAMBA_TREE, TREE_OPS)
 
 
 def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
     """Six drawn mamba-tree sequences of 48 steps on the real release (about 20 s)."""
-    _need_0523()
+    _assert_drawn_mamba_tree_lockstep("0.5.23", "borrow", 6)
+
+
+def _assert_drawn_mamba_tree_lockstep(version, era, n):
+    _need(version)
     from adapters.sglang.proxy import SglangProxy
     from kvcheck.backends import known_findings
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
-    for i in range(6):
-        seq = walk(3, i, lambda cfg: SglangProxy(cfg, "0.5.23"), "sglang:0.5.23", Stats(),
-                   length=48, skip=known_findings("sglang:0.5.23"), config_kw={
-                       "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
+    for i in range(n):
+        seq = walk(3, i, lambda cfg: SglangProxy(cfg, version), f"sglang:{version}", Stats(),
+                   length=48, skip=known_findings(f"sglang:{version}"), config_kw={
+                       "hybrid": True, "era": era, "hybrid_kinds": ("mamba-tree",)})
         assert seq.cfg.mamba_tree and seq.failure is None, seq.failure.render()
+
+
+# -- 0.5.15's MambaRadixCache under the StreamingSession wrapper (config.mamba_tree, wrapper era)
+
+def test_real_0515_mamba_radix_cache_agrees_with_the_spec():
+    """The real `StreamingSession(MambaRadixCache)` of 0.5.15 step by step beside the
+    spec's wrapper-era Mamba tree rules (spec/mamba_tree.py): the same operations as on
+    0.5.23, with 0.5.15's eviction before every alloc and its path-wide Mamba LRU."""
+    _need("0.5.15")
+    _assert_lockstep_on(replace(MAMBA_TREE, era="wrapper"), TREE_OPS, "0.5.15")
+
+
+def test_real_0515_mamba_radix_cache_lockstep_on_drawn_configs():
+    """Twenty drawn wrapper-era mamba-tree sequences of 48 steps on the real 0.5.15."""
+    _assert_drawn_mamba_tree_lockstep("0.5.15", "wrapper", 20)
+
+
+@pytest.mark.parametrize("name", ["alloc_req_slots_evicts", "tombstone_leaf_cascade",
+                                  "match_touches_path", "insert_touches_walk",
+                                  "split_touches_lower"])
+def test_real_0515_mamba_tree_regressions_pass(name):
+    """Each wrapper-era Mamba tree rule's regression trace passes on the real 0.5.15 (the
+    corpus test replays it on impl/; without the rule the spec parts from both)."""
+    _need("0.5.15")
+    from pathlib import Path
+    from kvcheck.trace import load
+    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" /
+             f"mamba_tree_0515_{name}.json")
+    _assert_lockstep_on(t.config, t.ops, "0.5.15")
 
 
 @pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "tree_off"])

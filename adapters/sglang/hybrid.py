@@ -80,9 +80,6 @@ def refusal(cfg, api: str):
                 "follow it all yet (swa_branching_seqlen, an insert's tombstone recovery; "
                 "docs/semantics.md); use swa_window=0 "
                 "with a borrow-era release, or sglang 0.5.15")
-    if cfg.mamba_tree and api == "flat":
-        return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
-                "component, not 0.5.15's MambaRadixCache; use a borrow-era release")
     if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache and not cfg.mamba_tree:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
                 "with a Mamba component, which keeps Mamba states in tree nodes; use "
@@ -287,7 +284,7 @@ def revert_cow(pool, req) -> None:
     kv = kv_record(req)
     kv.mamba_cow_src_index = None
     kv.mamba_needs_clear = False
-    if kv.holds_mamba and not getattr(req, "session", None):
+    if holds_mamba(kv) and not getattr(req, "session", None):
         pool.mamba_allocator.free(kv.mamba_pool_idx.unsqueeze(-1))
         kv.mamba_pool_idx = None
 
@@ -298,23 +295,57 @@ def release_queued_mamba(req, cache) -> None:
     `release_kv_cache(req, checkpoint=False)`, which frees a copy-on-write slot held
     without a row (the `not holds_kv` branch). Driven for that case only: a queued turn
     that borrows its slot's record (holds_kv) would go through `claim_kv_row` ->
-    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree")."""
+    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree"). 0.5.15 (scheduler.py
+    l.3905-3910, `release_kv_cache(req, is_insert=False)` for any request with a
+    `mamba_pool_idx`): driven for a request without a row (the `req_pool_idx is None`
+    branch frees the state); a turn restored from its slot holds the slot's row and
+    would reach `try_cache_finished_req` -> `finish_req` as on 0.5.23 (finding M2)."""
     from sglang.srt.mem_cache.common import release_kv_cache
     kv = kv_record(req)
-    if kv.holds_mamba and not kv.holds_kv:
+    if kv is req:                               # 0.5.15
+        if req.mamba_pool_idx is not None and req.req_pool_idx is None:
+            release_kv_cache(req, cache, is_insert=False)
+    elif kv.holds_mamba and not kv.holds_kv:
         release_kv_cache(req, cache, checkpoint=False)
 
 
+def holds_mamba(kv) -> bool:
+    """`ReqKvInfo.holds_mamba` (0.5.22+); a 0.5.15 `Req` holds one when it has a
+    `mamba_pool_idx`."""
+    return kv.holds_mamba if hasattr(kv, "holds_mamba") else kv.mamba_pool_idx is not None
+
+
 def node_mamba(cfg, node) -> dict:
-    """A 0.5.23 tree node's NodeView Mamba fields (`component_data[MAMBA]`: its state,
-    its lock_ref), as `spec.view.node_mamba_view` gives them; {} without a Mamba tree."""
+    """A tree node's NodeView Mamba fields (its state, its Mamba lock_ref), as
+    `spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
+    `component_data[MAMBA]`; 0.5.15 `MambaRadixCache`'s `TreeNode`: `mamba_value`,
+    `mamba_lock_ref`."""
     if not cfg.mamba_tree:
         return {}
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from spec.view import node_mamba_view
-    data = node.component_data[ComponentType.MAMBA]
-    value = None if data.value is None else int(data.value.reshape(-1)[0].item())
-    return node_mamba_view(value, int(data.lock_ref))
+    if hasattr(node, "component_data"):
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        data = node.component_data[ComponentType.MAMBA]
+        value, lock = data.value, data.lock_ref
+    else:
+        value, lock = node.mamba_value, node.mamba_lock_ref
+    return node_mamba_view(None if value is None else int(value.reshape(-1)[0].item()), int(lock))
+
+
+def mamba_radix_cache(cfg, pool, alloc):
+    """0.5.15's hybrid SSM tree as production builds it with `--enable-streaming-session`:
+    `StreamingSession(MambaRadixCache(params))` (page_size 1, no extra buffer: its v1
+    asserts page 1) over the real `HybridReqToTokenPool`; returns (the wrapper, the
+    tree). Its only state operation, `mamba_pool.copy_from` in `cache_unfinished_req`,
+    reaches the stand-in `MambaPool` (recorded, no tensor)."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+    from sglang.srt.session.streaming_session import StreamingSession
+    params = CacheInitParams(disable=False, req_to_token_pool=pool,
+                             token_to_kv_pool_allocator=alloc, page_size=cfg.page_size,
+                             enable_mamba_extra_buffer=False, enable_mamba_extra_buffer_lazy=False)
+    tree = MambaRadixCache(params)
+    return StreamingSession(tree), tree
 
 
 def mamba_refs(holder) -> tuple:

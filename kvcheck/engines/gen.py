@@ -127,9 +127,7 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     from dataclasses import replace
     P, kind = cfg.page_size, d.choice(kinds, "hybrid_kind")
     if kind == "mamba-tree":
-        if cfg.era == "borrow":
-            return draw_mamba_tree(d, cfg)
-        kind = "mamba"                  # 0.5.15 has no tree component modelled
+        return draw_mamba_tree(d, cfg)
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
@@ -174,7 +172,8 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
 
 
 def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
-    """0.5.23's Mamba tree component (config.mamba_tree) on a borrow-era cfg: page_size 1,
+    """The Mamba tree (config.mamba_tree: 0.5.23's component, 0.5.15's MambaRadixCache
+    on a wrapper-era cfg): page_size 1,
     no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
     2 * rows + 2 slots, so states are evicted and admissions refused."""
     from dataclasses import replace
