@@ -26,8 +26,9 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     """The generators' configuration constraints for a backend (gen.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
-    checked by its trace (docs/upstream-findings.md), and on the borrow era with the
-    radix cache disabled or with its Mamba tree component (`mamba-tree`); SWA on the
+    checked by its trace (docs/upstream-findings.md), over a plain tree or 0.5.15's
+    `MambaRadixCache` (`mamba-tree`), and on the borrow era with the radix cache disabled
+    or with its Mamba tree component (`mamba-tree`); SWA on the
     wrapper era only: 0.5.23's SWA tree component is driven by a probe and a campaign but
     refused in runs, adapters/sglang/hybrid.py)."""
     era = release_era(name)
@@ -39,7 +40,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if accept:
         kw["accept"] = accept
     if name.startswith("sglang"):
-        kw["hybrid_kinds"] = (("mamba-no-lazy", "swa") if era == "wrapper"
+        kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree"))
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw

@@ -218,7 +218,7 @@ def test_real_0515_mamba_radix_cache_lockstep_on_drawn_configs():
     _assert_drawn_mamba_tree_lockstep("0.5.15", "wrapper", 20)
 
 
-@pytest.mark.parametrize("name", ["alloc_req_slots_evicts", "tombstone_leaf_cascade",
+@pytest.mark.parametrize("name", ["alloc_req_slots_evicts", "mamba_evict_cascade", "evict_full_cascade",
                                   "match_touches_path", "insert_touches_walk",
                                   "split_touches_lower"])
 def test_real_0515_mamba_tree_regressions_pass(name):

@@ -59,13 +59,28 @@ tree states the spec would not model). `mamba_tree_probe` runs that refused pair
 beside the spec without `mamba_tree` and shows where they part (the checkpoint's copy,
 I44 at the first prefill). Figures: docs/semantics.md, "Hybrid models".
 
-On 0.5.15, production pairs a hybrid SSM model with `MambaRadixCache` under the
-`StreamingSession` wrapper; kvcheck runs a plain `RadixCache` there over the real
-`HybridReqToTokenPool` (a plain release frees the state, the tree holds none), so on
-0.5.15 a Mamba state leaked or freed twice on tree paths, Mamba lock imbalance or a
-match ending on a tombstone stay hidden; what stays covered there is the pool, the
-allocator, and every session path that moves, shares or frees a Mamba ref (I44, I45;
-finding M1).
+Mamba on 0.5.15 (wrapper era), two pairings, both driven:
+- the tree on, `config.mamba_tree`: what production pairs with a hybrid SSM model,
+  `StreamingSession(MambaRadixCache)` (`mamba_radix_cache`), over the real
+  `HybridReqToTokenPool`. Driven for real: its match and copy-on-write (through
+  `init_next_round_input`, `cow_mamba` = `supports_mamba()`), `cache_unfinished_req`'s
+  copy (`mamba_pool.copy_from`, the stand-in's one state operation: recorded, no
+  tensor), `cache_finished_req`'s donation, `evict_mamba` / `evict_full` with their
+  tombstone cascades, the two LRU lists, `alloc_req_slots`' Mamba eviction before every
+  `alloc`, the nodes' Mamba locks; read back per node (`node_mamba`: `mamba_value`,
+  `mamba_lock_ref`) beside the KV and full lock, the full LRU order as `evict_full` pops
+  it (`swa_tree.eviction_order`), and upstream's pool checks with `is_hybrid_ssm` (its
+  `MambaRadixCache` branches). Glue replicated from `get_new_batch_prefill` /
+  `abort_request` (l.2905-2921, l.3905-3910): `revert_cow`, `release_queued_mamba`
+  (for a request without a row only: a queued turn restored from its slot holds the
+  slot's row and would reach `try_cache_finished_req` -> `finish_req`, M2's path on
+  this release too). What stays stood in is the `MambaPool` tensors (above): nothing
+  the bookkeeping reads. Modelled with page_size 1, no extra buffer (v1 asserts page 1
+  without it), no chunking, no SWA, no int8 checkpoints.
+- the tree a plain `RadixCache` (no `mamba_tree`; not a production pairing): a plain
+  release frees the state, the tree holds none; what it covers is the pool, the
+  allocator, and every session path that moves, shares or frees a Mamba ref (I44, I45;
+  finding M1, whose lazy track buffer the Mamba tree is not modelled with).
 """
 from __future__ import annotations
 

@@ -157,7 +157,9 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
     """0.5.23's Mamba tree on a Mamba-only cfg, one time in MAMBA_TREE_ONE_IN; drawn after
     the rest of the config (as `draw_tree_off`), so every config that is not Mamba-only
     draws as before. A wrapper-era cfg takes part only where its era was drawn (not asked
-    for), and becomes a borrow-era one: the tree exists only there. Drawn on borrow-era
+    for), and becomes a borrow-era one, as before 0.5.15's `MambaRadixCache` was modelled
+    (the draws of every run stay as they were; the wrapper-era tree is drawn where
+    `hybrid_kinds` names "mamba-tree": the sglang:0.5.15 backend, tests). Drawn on borrow-era
     Mamba-only configs alone (one config in 72) it came up in one sequence of the 300 of
     `kvcheck coverage`; with both eras it is about one config in 18, and wrapper-era
     Mamba-only configs keep half their share."""
