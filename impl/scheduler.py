@@ -54,7 +54,8 @@ class Scheduler:
                  swa_window: int = 0, swa_num_pages: Optional[int] = None,
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
                  mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
-                 prefill_aware_swa: bool = False, mamba_tree: bool = False):
+                 prefill_aware_swa: bool = False, mamba_tree: bool = False,
+                 accept: tuple = ()):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -65,6 +66,7 @@ class Scheduler:
         self.spec_enabled = spec_enabled
         self.overlap = overlap
         self.era = era
+        self.accept = accept            # recorded findings impl follows: M2 only
         self.device = resolve_device(device)
         self.max_total_num_tokens = num_pages * page_size
         self.swa_window = swa_window
@@ -386,6 +388,12 @@ class Scheduler:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
+            if "M2" in self.accept and self.era == "borrow" and \
+                    req.req_pool_idx is not None and req.mamba_pool_idx is not None:
+                # accepted finding M2: release_kv_cache(checkpoint=False) -> claim_kv_row
+                self.tree_cache.try_cache_finished_req(req)
+                self._retire(req, session)
+                return "ok"
         if self.radix_cache.mamba is not None and req.req_pool_idx is None and \
                 req.mamba_pool_idx is not None:     # release_kv_cache(checkpoint=False)
             self.req_to_token_pool.free_mamba_cache(req)

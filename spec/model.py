@@ -586,6 +586,7 @@ ACCEPTED_INVARIANTS = {
     "U2": ("I20", "I26", "I28"),
     "U3": ("I20",),
     "U6": ("I20",),
+    "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
 """The invariants an accepted finding's known behaviour breaks on the spec itself. A spec
 that breaks anything else under `Config.accept` has left what the model follows (e.g.
@@ -1169,9 +1170,23 @@ def _abort_queued(s: State, req: Req) -> None:
             return
         _drop_parked_turn(s, sid, req)
         _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
+        if accepts(s, "M2") and queued_borrow_holds_mamba(s, req):
+            try_cache_finished_req(s, req)      # M2: release_kv_cache -> finish_req
+            del s.reqs[req.rid]
+            return
     if mamba_tree.on(s) and req.row is None and req.mamba_pool_idx is not None:
         hybrid.free_mamba(s, req)       # `abort_request`: release_kv_cache(checkpoint=False)
     del s.reqs[req.rid]
+
+
+def queued_borrow_holds_mamba(s: State, req: Req) -> bool:
+    """Finding M2's trigger (0.5.23, docs/upstream-findings.md): a queued streaming turn
+    runs on its slot's record (matched: it holds the slot's row) and that record holds a
+    Mamba state, so `abort_request`'s "For mamba radix cache" branch (scheduler.py
+    l.5716-5721) calls `release_kv_cache(req, checkpoint=False)`, whose `claim_kv_row`
+    reaches `try_cache_finished_req` with no FINISH_ABORT set: the finish path."""
+    return s.cfg.era == "borrow" and _is_streaming(req) and req.row is not None and \
+        req.mamba_pool_idx is not None
 
 
 ABORT_STUB_ORIGIN = (0,)

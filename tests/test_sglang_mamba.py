@@ -246,3 +246,40 @@ def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
     assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
     assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
     assert r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]
+
+
+@pytest.mark.parametrize("tree", ["tree", "tree_off"])
+def test_real_0523_runs_m2_in_lockstep_only_when_accepted(tree):
+    """Finding M2 in lockstep: with `--accept M2` the spec follows 0.5.23 (the aborted
+    queued turn's tokens become the checkpoint, the next turn is built on them) and the
+    run agrees to the end; without it the same operations break I28 on the release at
+    the abort (the recorded finding), and a run without the switch leaves that abort out
+    (`findings.known_trigger`)."""
+    _need_0523()
+    from pathlib import Path
+    from adapters.sglang.findings import known_trigger
+    from kvcheck.trace import load
+    from spec.model import initial_state, step
+    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" /
+             f"m2_queued_borrowed_abort_{tree}.json")
+    assert t.config.accept == ("M2",) and isinstance(t.ops[6], O.AbortQueued)
+    _assert_lockstep_on(t.config, t.ops)
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    r = run_ops(t.config, t.ops, ImplBackend(t.config), keep_records=True)
+    # compared to the end: the I28 the spec breaks at the abort is M2's own (an accepted
+    # finding's other violations stop the comparison, `within_accepted`)
+    assert r.ok and all(rec.outcome for rec in r.records), r.failure and r.failure.render()
+    from adapters.sglang.proxy import SglangProxy
+    fixed = replace(t.config, accept=())
+    b = SglangProxy(fixed, "0.5.23")
+    try:
+        r = run_ops(fixed, t.ops, b, backend_name=b.name)
+    finally:
+        b.close()
+    assert (r.failure.id, r.failure.step, r.failure.side) == ("I28", 6, "sglang-0.5.23")
+    s = initial_state(fixed)
+    for op in t.ops[:6]:
+        s, _ = step(s, op)
+    assert known_trigger("0.5.23")(s, t.ops[6]) == "M2"
+    assert known_trigger("0.5.23", accept=("M2",)) is None

@@ -39,12 +39,12 @@ Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
   its KV and full lock; the Mamba LRU order shows only through what eviction takes.
   Glue (the scheduler's inline code, replicated): a request `add_one_req` does not add
   gives its copy-on-write back when it has no session (`revert_cow`); a queued abort
-  releases a state held without a row (`release_queued_mamba`); admission needs the
+  releases a state it holds (`release_queued_mamba`: a copy-on-write slot held without
+  a row is freed; a turn that borrows its slot's record reaches `try_cache_finished_req`
+  and `finish_req`, finding M2, which the spec follows under `--accept M2`,
+  docs/upstream-findings.md; the tree off takes the same branch); admission needs the
   slots `alloc` takes plus the checkpoint copy from free and evictable states
-  (`mamba_short`). Not driven: the queued abort of a turn that borrows its slot's
-  record, whose `release_kv_cache(checkpoint=False)` reaches `try_cache_finished_req`
-  and runs `finish_req` (finding M2, docs/upstream-findings.md; the spec keeps the
-  record in the slot). Modelled with page_size 1, no extra buffer, no chunking, no SWA.
+  (`mamba_short`). Modelled with page_size 1, no extra buffer, no chunking, no SWA.
 - the tree off, `config.disable_radix_cache` (`--disable-radix-cache`: the same classes
   with `disable` set, whose tree keeps no Mamba state): `take` makes the turn's record the
   slot's (`slot.kv is req.kv`, Mamba refs included, from the first row allocation),
@@ -305,22 +305,24 @@ def revert_cow(pool, req) -> None:
 
 
 def release_queued_mamba(req, cache) -> None:
-    """0.5.23 `Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache"
-    (scheduler.py l.5716-5721): a popped request holding a Mamba state is released,
-    `release_kv_cache(req, checkpoint=False)`, which frees a copy-on-write slot held
-    without a row (the `not holds_kv` branch). Driven for that case only: a queued turn
-    that borrows its slot's record (holds_kv) would go through `claim_kv_row` ->
-    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree"). 0.5.15 (scheduler.py
-    l.3905-3910, `release_kv_cache(req, is_insert=False)` for any request with a
-    `mamba_pool_idx`): driven for a request without a row (the `req_pool_idx is None`
-    branch frees the state); a turn restored from its slot holds the slot's row and
-    would reach `try_cache_finished_req` -> `finish_req` as on 0.5.23 (finding M2)."""
+    """`Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache": a popped
+    request holding a Mamba state is released. 0.5.23 (scheduler.py l.5716-5721, the Mamba
+    tree on or off): `release_kv_cache(req, checkpoint=False)`, driven as upstream runs
+    it: a copy-on-write slot held without a row is freed (the `not holds_kv` branch); a
+    queued turn that borrows its slot's record (holds_kv) goes through `claim_kv_row` ->
+    `try_cache_finished_req` -> `finish_req` (finding M2: the spec follows it under
+    `--accept M2`; without, runs leave the trigger out, `adapters/sglang/findings.py`).
+    0.5.15 (scheduler.py l.3905-3910, `release_kv_cache(req, is_insert=False)` for any
+    request with a `mamba_pool_idx`): driven for a request without a row (the
+    `req_pool_idx is None` branch frees the state); a turn restored from its slot holds
+    the slot's row and would reach `try_cache_finished_req` -> `finish_req` too (M2's
+    path on this release; not driven, docs/upstream-findings.md)."""
     from sglang.srt.mem_cache.common import release_kv_cache
     kv = kv_record(req)
     if kv is req:                               # 0.5.15
         if req.mamba_pool_idx is not None and req.req_pool_idx is None:
             release_kv_cache(req, cache, is_insert=False)
-    elif kv.holds_mamba and not kv.holds_kv:
+    elif kv.holds_mamba:
         release_kv_cache(req, cache, checkpoint=False)
 
 
@@ -381,11 +383,12 @@ def hybrid_view(cfg, pool) -> dict:
 
 
 def queued_borrowed_abort_probe(cfg) -> dict:
-    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23: a session's second turn
+    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23, outside the lockstep (the
+    runs drive it too: `release_queued_mamba`): a session's second turn
     borrows its slot's record at the match (`try_match_prefix`: `req.kv = slot.kv`, which
     holds a Mamba state), is turned down and stays queued; the client aborts it. Upstream's
     `Scheduler.abort_request`, waiting-queue branch (scheduler.py l.5696-5721; inline
-    there, its calls replicated here): `_release_aborted_request` (`session.abort_req()`),
+    there, replicated by the backend's `abort_queued`): `_release_aborted_request` (`session.abort_req()`),
     then, the request holding a Mamba state, `release_kv_cache(req, checkpoint=False)`,
     whose `claim_kv_row` -> `try_cache_finished_req` sees no FINISH_ABORT on the queued
     request and finishes it: `finish_req` makes the aborted turn the session's req_nodes.
@@ -394,18 +397,14 @@ def queued_borrowed_abort_probe(cfg) -> dict:
     from spec import ops as O
     from adapters.sglang.backend import SglangBackend
     b = SglangBackend(cfg)
-    from sglang.srt.mem_cache.common import release_kv_cache
     for op in [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.Schedule(1), O.Decode(1, 7),
                O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:
         b.apply(op)
-    L = b.live.pop(2)
-    req, sess = L.req, b.ctrl.get(b._sid(1))
+    req, sess = b.live[2].req, b.ctrl.get(b._sid(1))
     slot = b.cache.session.slots[b._sid(1)]
     out = dict(borrowed=slot.kv is req.kv, holds_kv=bool(req.kv.holds_kv),
                holds_mamba=bool(req.kv.holds_mamba), req_nodes_before=list(sess.req_nodes))
-    b._abort_queued_borrow(L)                   # _release_aborted_request
-    if req.kv.holds_mamba:                      # "For mamba radix cache"
-        release_kv_cache(req, b.cache, checkpoint=False)
+    b.apply(O.AbortQueued(2))       # _release_aborted_request, "For mamba radix cache"
     out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
                slot_kept=b._sid(1) in b.cache.session.slots)
     b.apply(O.SubmitTurn(1, 3, (6,), 2))
