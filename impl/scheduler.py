@@ -267,7 +267,10 @@ class Scheduler:
         end = chunk_end(start, input_len, self.chunk_size, self.page_size)
         self.tree_cache.cache_unfinished_req(req, chunked=True)
         req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
-        if not common.alloc_for_extend(self, req, start, end):
+        mamba = self.radix_cache.mamba
+        evict = None if mamba is None or not mamba.wrapper else \
+            lambda: mamba.ensure_mamba_capacity(0)   # 0.5.15 alloc_req_slots, every chunk
+        if not common.alloc_for_extend(self, req, start, end, before_alloc=evict):
             return "oom"
         set_swa_evict_floor(self, req)
         if end >= input_len:

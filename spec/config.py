@@ -96,11 +96,13 @@ class Config:
     mamba_tree: bool = False
     """The Mamba tree (with `mamba_slots`): tree nodes keep Mamba states
     (spec/mamba_tree.py): 0.5.23's `UnifiedRadixCache` MAMBA component (borrow era),
-    0.5.15's `MambaRadixCache` under the `StreamingSession` wrapper (wrapper era). Off: the tree keeps none and a plain
-    release frees the request's state (the pairing kvcheck drove before; not a production
-    one with the radix cache on, adapters/sglang/hybrid.py). Needs page_size 1, no extra
-    buffer (upstream asserts page 1 without it), no chunked prefill and no SWA (not
-    modelled together)."""
+    0.5.15's `MambaRadixCache` under the `StreamingSession` wrapper (wrapper era). Off:
+    the tree keeps none and a plain release frees the request's state (the pairing
+    kvcheck drove before; not a production one with the radix cache on,
+    adapters/sglang/hybrid.py). Needs page_size 1, no extra buffer (upstream asserts page
+    1 without it; the extra buffer's checkpoints are placed by the forward's tracking),
+    no SWA (not modelled together), and in the borrow era no chunked prefill (0.5.23's
+    chunked checkpoints are not modelled; 0.5.15's are)."""
     need_sort: bool = True
     """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
     and sorted into `free_pages` when an allocation runs short (upstream sets it under
@@ -188,10 +190,12 @@ def _mamba_tree_error(cfg: "Config") -> Optional[str]:
     """The first setting that config.mamba_tree cannot run with, or None."""
     for bad, why in ((not cfg.mamba_slots, "config.mamba_slots >= 1"),
                      (cfg.disable_radix_cache, "disable_radix_cache=False (a disabled tree keeps no state)"),
-                     (cfg.page_size != 1, "page_size 1 (MambaComponent asserts it without the extra buffer)"),
+                     (cfg.page_size != 1, "page_size 1 (MambaComponent and 0.5.15's MambaRadixCache "
+                      "assert it without the extra buffer)"),
                      (cfg.mamba_extra_buffer != "off", "mamba_extra_buffer 'off' (the track buffers' "
                       "checkpoint seqlens are set by the forward, not modelled)"),
-                     (cfg.chunk_size is not None, "chunk_size None (chunked checkpoints not modelled)"),
+                     (cfg.chunk_size is not None and cfg.era == "borrow",
+                      "chunk_size None in the borrow era (0.5.23's chunked checkpoints not modelled)"),
                      (cfg.swa_window != 0, "swa_window 0 (SWA and Mamba components together not modelled)")):
         if bad:
             return why

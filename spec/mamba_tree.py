@@ -51,9 +51,11 @@ mamba_radix_cache.py` of the 0.5.15 wheel, under the `StreamingSession` wrapper)
   and a Mamba eviction of a leaf): no Mamba tombstone is left a leaf. 0.5.23 keeps such a
   node while it has full KV (`_iteratively_delete_tombstone_ancestors`).
 - `alloc_req_slots` (`mem_cache/common.py` l.401-433), before `HybridReqToTokenPool.
-  alloc` at every extend, evicts `MAMBA_STATE_PER_REQ_PREFIX_CACHE` (3) minus the free
-  slots when fewer are free, whatever the request needs (0.5.23's
+  alloc` at every extend (each chunk's too), evicts `MAMBA_STATE_PER_REQ_PREFIX_CACHE`
+  (3) minus the free slots when fewer are free, whatever the request needs (0.5.23's
   `ensure_mamba_capacity` evicts the shortfall only).
+- chunked prefill is modelled (0.5.15 only): a plain request's chunk checkpoints like a
+  prefill (`cache_unfinished_req(chunked=True)`), guarded by `chunk_refusal`.
 
 The functions here act on nodes and the Mamba pool only; spec/model.py calls them.
 """
@@ -61,6 +63,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from spec.pages import chunk_end
 from spec.state import ROOT, State
 
 
@@ -144,6 +147,29 @@ def alloc_req_slots_evict(s: State) -> int:
     """How many states `alloc_req_slots` evicts before the alloc: the shortfall of the
     free slots against `MAMBA_STATE_PER_REQ_PREFIX_CACHE` (0.5.15, one request)."""
     return max(0, MAMBA_STATE_PER_REQ_PREFIX_CACHE - len(s.mamba_free_slots))
+
+
+def chunk_refusal(s: State, req) -> Optional[str]:
+    """Why the next chunk of req could hit `_alloc_mamba_slot`'s assertion, or None: 0.5.15's
+    `cache_unfinished_req(chunked=True)` (a request outside a session; a streaming turn's
+    chunk skips the tree) copies its state into a fresh slot, evicting one when none is
+    free; a chunk that ends the prefill of a request that goes on decoding copies once
+    more (`cache_unfinished_req` after the sample; a streaming turn only when it is its
+    session's first). With fewer free and evictable than that, upstream asserts "Can not
+    alloc mamba cache" (kvcheck's guard does not schedule the chunk there, as
+    `cow_refusal` for the match; conservative: a state the chunk's lock move unlocks is
+    not counted)."""
+    if not wrapper_rules(s):
+        return None
+    plain = req.session is None
+    end = chunk_end(req.extend_end, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
+    goes_on = end == req.seqlen and not req.to_finish and \
+        len(req.output) + 1 < req.max_new_tokens and (plain or req.session not in s.slots)
+    if len(s.mamba_free_slots) + len(evictable(s)) >= plain + goes_on:
+        return None
+    return ("config.mamba_tree: the Mamba pool has no free slot and no evictable state, so the "
+            "chunk's checkpoint copy would assert (upstream _alloc_mamba_slot: 'Can not alloc "
+            "mamba cache')")
 
 
 def evictable(s: State) -> list:

@@ -81,13 +81,17 @@ def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
         s.content[p] = tuple(c)
 
 
-def _alloc_extend(s: State, row: int, prefix: int, end: int) -> bool:
+def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool = False) -> bool:
     """`alloc_for_extend` for one request: evict first, then P=1 `alloc(n)` or P>1
-    `alloc_extend` (continue the partial last page, then new pages); fill the row."""
+    `alloc_extend` (continue the partial last page, then new pages); fill the row.
+    `mamba_evict` (a 0.5.15 Mamba tree's next chunk): once the KV fits, `alloc_req_slots`
+    evicts Mamba states before the allocation (`mamba_tree.alloc_req_slots_evict`)."""
     P = s.cfg.page_size
     n = end - prefix
     if P == 1:
         evict_from_tree_cache(s, n)
+        if mamba_evict and len(s.free_pages) >= n:
+            evict_mamba(s, mamba_tree.alloc_req_slots_evict(s))
         pages = _alloc_pages(s, n)
         if pages is None:
             return False
@@ -1069,7 +1073,7 @@ def _prefill_chunk(s: State, req: Req) -> str:
         cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
     prefix = req.extend_end
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
-    if not _alloc_extend(s, req.row, prefix, end):
+    if not _alloc_extend(s, req.row, prefix, end, mamba_evict=mamba_tree.wrapper_rules(s)):
         return "oom"
     _write_kv(s, req.row, prefix, end, req.fill_ids)
     req.committed = req.allocated = req.extend_end = end
@@ -1342,7 +1346,7 @@ def refusal(s: State, op: O.Op) -> Optional[str]:
                 or (f"request {rid} has already matched a prefix" if req.last_node is not None
                     else None))
     if isinstance(op, O.PrefillChunk):
-        return _phase_refusal(req, ("prefill",))
+        return _phase_refusal(req, ("prefill",)) or mamba_tree.chunk_refusal(s, req)
     if isinstance(op, O.AbortRunning):
         return _phase_refusal(req, ("prefill", "decode"))
     if isinstance(op, O.Decode):

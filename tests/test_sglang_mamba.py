@@ -219,6 +219,7 @@ def test_real_0515_mamba_radix_cache_lockstep_on_drawn_configs():
 
 
 @pytest.mark.parametrize("name", ["alloc_req_slots_evicts", "mamba_evict_cascade", "evict_full_cascade",
+                                  "chunk_alloc_req_slots_evicts",
                                   "match_touches_path", "insert_touches_walk",
                                   "split_touches_lower"])
 def test_real_0515_mamba_tree_regressions_pass(name):

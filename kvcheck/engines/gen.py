@@ -179,7 +179,8 @@ def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
     no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
     2 * rows + 2 slots, so states are evicted and admissions refused."""
     from dataclasses import replace
-    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True, mamba_extra_buffer="off",
+    chunk = cfg.chunk_size if cfg.era == "wrapper" else None   # 0.5.15: chunked checkpoints
+    return replace(cfg, page_size=1, chunk_size=chunk, mamba_tree=True, mamba_extra_buffer="off",
                    mamba_slots=d.integer(2, 2 * cfg.num_rows + 2, "mamba_slots"))
 
 
