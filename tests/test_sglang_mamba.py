@@ -233,6 +233,23 @@ def test_real_0515_mamba_tree_regressions_pass(name):
     _assert_lockstep_on(t.config, t.ops, "0.5.15")
 
 
+@pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "plain_tree"])
+def test_real_0515_queued_abort_of_a_restored_turn_finishes_it(tree):
+    """M2's path on 0.5.15 (not driven in runs: the adapter releases only a state held
+    without a row): the restored queued turn holds the slot's row and Mamba state, so
+    `abort_request`'s `release_kv_cache(is_insert=False)` reaches the wrapper's
+    `try_cache_finished_req` -> `finish_req`, with `MambaRadixCache` and with a plain
+    tree alike; `_inflight` is cleared on the way (finish_req), which hides H5 there."""
+    _need("0.5.15")
+    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="wrapper",
+                 mamba_slots=6, mamba_tree=tree)
+    r = queued_borrowed_abort_probe(cfg, "0.5.15")
+    assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
+    assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
+    assert not r["inflight"] and r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]
+
+
 @pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "tree_off"])
 def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
     """Finding M2: on 0.5.23 a queued turn that borrowed its slot's record and is aborted

@@ -393,7 +393,11 @@ def queued_borrowed_abort_probe(cfg) -> dict:
     whose `claim_kv_row` -> `try_cache_finished_req` sees no FINISH_ABORT on the queued
     request and finishes it: `finish_req` makes the aborted turn the session's req_nodes.
     Reports req_nodes before and after, and the next turn's prompt. cfg: borrow era,
-    mamba_slots, mamba_tree or disable_radix_cache."""
+    mamba_slots, mamba_tree or disable_radix_cache; or the wrapper era (0.5.15, the tree
+    `MambaRadixCache` or a plain `RadixCache`): a turn restored from its slot holds the
+    slot's row and `mamba_pool_idx`, `abort_request` (l.3905-3910, no session call first:
+    H5) calls `release_kv_cache(req, is_insert=False)`, and the wrapper's
+    `try_cache_finished_req` takes the same finish path."""
     from spec import ops as O
     from adapters.sglang.backend import SglangBackend
     b = SglangBackend(cfg)
@@ -401,12 +405,18 @@ def queued_borrowed_abort_probe(cfg) -> dict:
                O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:
         b.apply(op)
     req, sess = b.live[2].req, b.ctrl.get(b._sid(1))
-    slot = b.cache.session.slots[b._sid(1)]
-    out = dict(borrowed=slot.kv is req.kv, holds_kv=bool(req.kv.holds_kv),
-               holds_mamba=bool(req.kv.holds_mamba), req_nodes_before=list(sess.req_nodes))
-    b.apply(O.AbortQueued(2))       # _release_aborted_request, "For mamba radix cache"
+    slot, kv = b._slots()[b._sid(1)], kv_record(req)
+    out = dict(borrowed=kv_record(slot) is kv or slot.req_pool_idx == req.req_pool_idx,
+               holds_kv=b._row(req) is not None, holds_mamba=holds_mamba(kv),
+               req_nodes_before=list(sess.req_nodes))
+    if b.api == "flat":             # 0.5.15: the adapter does not drive it (its filter);
+        from sglang.srt.mem_cache.common import release_kv_cache      # l.3905-3910 do
+        b.live.pop(2)
+        release_kv_cache(req, b.cache, is_insert=False)
+    else:
+        b.apply(O.AbortQueued(2))   # _release_aborted_request, "For mamba radix cache"
     out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
-               slot_kept=b._sid(1) in b.cache.session.slots)
+               slot_kept=b._sid(1) in b._slots())
     b.apply(O.SubmitTurn(1, 3, (6,), 2))
     out["next_prompt"] = [int(t) for t in b.live[3].req.origin_input_ids]
     return out
