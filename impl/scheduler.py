@@ -391,7 +391,7 @@ class Scheduler:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
-            if "M2" in self.accept and self.era == "borrow" and \
+            if "M2" in self.accept and \
                     req.req_pool_idx is not None and req.mamba_pool_idx is not None:
                 # accepted finding M2: release_kv_cache(checkpoint=False) -> claim_kv_row
                 self.tree_cache.try_cache_finished_req(req)

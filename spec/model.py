@@ -1169,11 +1169,9 @@ def _abort_queued(s: State, req: Req) -> None:
     also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
     if _is_streaming(req):
         sid = req.session
-        if s.cfg.era == "wrapper" and accepts(s, "U3"):
-            del s.reqs[req.rid]         # 0.5.15 Scheduler.abort_request: no session call
-            return
-        _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
+        if not (s.cfg.era == "wrapper" and accepts(s, "U3")):  # U3: 0.5.15 makes no session call
+            _drop_parked_turn(s, sid, req)
+            _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
         if accepts(s, "M2") and queued_borrow_holds_mamba(s, req):
             try_cache_finished_req(s, req)      # M2: release_kv_cache -> finish_req
             del s.reqs[req.rid]
@@ -1184,13 +1182,13 @@ def _abort_queued(s: State, req: Req) -> None:
 
 
 def queued_borrow_holds_mamba(s: State, req: Req) -> bool:
-    """Finding M2's trigger (0.5.23, docs/upstream-findings.md): a queued streaming turn
-    runs on its slot's record (matched: it holds the slot's row) and that record holds a
-    Mamba state, so `abort_request`'s "For mamba radix cache" branch (scheduler.py
-    l.5716-5721) calls `release_kv_cache(req, checkpoint=False)`, whose `claim_kv_row`
-    reaches `try_cache_finished_req` with no FINISH_ABORT set: the finish path."""
-    return s.cfg.era == "borrow" and _is_streaming(req) and req.row is not None and \
-        req.mamba_pool_idx is not None
+    """Finding M2's trigger (docs/upstream-findings.md): a queued streaming turn runs on
+    its slot's record (matched: it holds the slot's row) and that record holds a Mamba
+    state, so `abort_request`'s "For mamba radix cache" branch calls `release_kv_cache`
+    (0.5.23 scheduler.py l.5716-5721, `checkpoint=False`, whose `claim_kv_row` reaches
+    `try_cache_finished_req`; 0.5.15 l.3905-3910, `is_insert=False`, the wrapper's
+    `cache_finished_req`) with no FINISH_ABORT set: the finish path."""
+    return _is_streaming(req) and req.row is not None and req.mamba_pool_idx is not None
 
 
 ABORT_STUB_ORIGIN = (0,)

@@ -235,8 +235,8 @@ def test_real_0515_mamba_tree_regressions_pass(name):
 
 @pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "plain_tree"])
 def test_real_0515_queued_abort_of_a_restored_turn_finishes_it(tree):
-    """M2's path on 0.5.15 (not driven in runs: the adapter releases only a state held
-    without a row): the restored queued turn holds the slot's row and Mamba state, so
+    """M2's path on 0.5.15, outside the lockstep: the restored queued turn holds the
+    slot's row and Mamba state, so
     `abort_request`'s `release_kv_cache(is_insert=False)` reaches the wrapper's
     `try_cache_finished_req` -> `finish_req`, with `MambaRadixCache` and with a plain
     tree alike; `_inflight` is cleared on the way (finish_req), which hides H5 there."""
@@ -266,22 +266,24 @@ def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
     assert r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]
 
 
-@pytest.mark.parametrize("tree", ["tree", "tree_off"])
-def test_real_0523_runs_m2_in_lockstep_only_when_accepted(tree):
+@pytest.mark.parametrize("version,name", [("0.5.23", "m2_queued_borrowed_abort_tree"),
+                                          ("0.5.23", "m2_queued_borrowed_abort_tree_off"),
+                                          ("0.5.15", "m2_0515_queued_restored_abort_tree"),
+                                          ("0.5.15", "m2_0515_queued_restored_abort_plain_tree")])
+def test_real_release_runs_m2_in_lockstep_only_when_accepted(version, name):
     """Finding M2 in lockstep: with `--accept M2` the spec follows 0.5.23 (the aborted
     queued turn's tokens become the checkpoint, the next turn is built on them) and the
     run agrees to the end; without it the same operations break I28 on the release at
     the abort (the recorded finding), and a run without the switch leaves that abort out
     (`findings.known_trigger`)."""
-    _need_0523()
+    _need(version)
     from pathlib import Path
     from adapters.sglang.findings import known_trigger
     from kvcheck.trace import load
     from spec.model import initial_state, step
-    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" /
-             f"m2_queued_borrowed_abort_{tree}.json")
+    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" / f"{name}.json")
     assert t.config.accept == ("M2",) and isinstance(t.ops[6], O.AbortQueued)
-    _assert_lockstep_on(t.config, t.ops)
+    _assert_lockstep_on(t.config, t.ops, version)
     from adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     r = run_ops(t.config, t.ops, ImplBackend(t.config), keep_records=True)
@@ -290,14 +292,36 @@ def test_real_0523_runs_m2_in_lockstep_only_when_accepted(tree):
     assert r.ok and all(rec.outcome for rec in r.records), r.failure and r.failure.render()
     from adapters.sglang.proxy import SglangProxy
     fixed = replace(t.config, accept=())
-    b = SglangProxy(fixed, "0.5.23")
+    b = SglangProxy(fixed, version)
     try:
         r = run_ops(fixed, t.ops, b, backend_name=b.name)
     finally:
         b.close()
-    assert (r.failure.id, r.failure.step, r.failure.side) == ("I28", 6, "sglang-0.5.23")
+    assert (r.failure.id, r.failure.step, r.failure.side) == ("I28", 6, f"sglang-{version}")
     s = initial_state(fixed)
     for op in t.ops[:6]:
         s, _ = step(s, op)
-    assert known_trigger("0.5.23")(s, t.ops[6]) == "M2"
-    assert known_trigger("0.5.23", accept=("M2",)) is None
+    assert known_trigger(version)(s, t.ops[6]) == "M2"
+    assert known_trigger(version, accept=("M2",)) is None
+
+
+def test_real_0515_u3_queued_abort_still_frees_a_copy_on_write_state():
+    """Under U3 (0.5.15: a queued abort makes no session call) the waiting-queue branch
+    still releases a first turn's copy-on-write state held without a row (scheduler.py
+    l.3905-3910); the spec frees it too and the run is compared to the end (a spec that
+    leaked it would leave what the model follows and stop comparing)."""
+    _need("0.5.15")
+    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.checker import run_ops
+    cfg = replace(MAMBA_TREE, era="wrapper", accept=("U3",))
+    ops = [O.SubmitRequest(1, (1, 2, 3), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
+           O.OpenSession(1), O.SubmitTurn(1, 2, (1, 2, 3, 4), 2), O.Schedule(2, admit=False),
+           O.AbortQueued(2), O.SubmitRequest(3, (5, 6), 2), O.Schedule(3)]
+    s = initial_state(cfg)
+    for op in ops[:7]:
+        s, _ = step(s, op)
+    assert s.reqs[2].mamba_pool_idx is not None and s.reqs[2].row is None
+    b = SglangProxy(cfg, "0.5.15")      # (impl/ follows no U* finding: the fixed design)
+    r = run_ops(cfg, ops, b, keep_records=True, backend_name=b.name)
+    assert r.ok and all(rec.outcome for rec in r.records), r.failure and r.failure.render()
+

@@ -515,7 +515,7 @@ class SglangBackend:
         L = self.live.pop(op.rid)
         if self.api == "borrow":
             self._abort_queued_borrow(L)
-        if self.cfg.mamba_tree or (self.api == "borrow" and self.cfg.mamba_slots):
+        if self.cfg.mamba_slots:            # "For mamba radix cache"
             hybrid.release_queued_mamba(L.req, self.cache)
         return "ok"
 

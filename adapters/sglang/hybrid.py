@@ -72,9 +72,9 @@ Mamba on 0.5.15 (wrapper era), two pairings, both driven:
   it (`swa_tree.eviction_order`), and upstream's pool checks with `is_hybrid_ssm` (its
   `MambaRadixCache` branches). Glue replicated from `get_new_batch_prefill` /
   `abort_request` (l.2905-2921, l.3905-3910): `revert_cow`, `release_queued_mamba`
-  (for a request without a row only: a queued turn restored from its slot holds the
-  slot's row and would reach `try_cache_finished_req` -> `finish_req`, M2's path on
-  this release too). What stays stood in is the `MambaPool` tensors (above): nothing
+  (a queued turn restored from its slot holds the slot's row and reaches
+  `try_cache_finished_req` -> `finish_req`: M2 on this release too, followed by the
+  spec under `--accept M2`). What stays stood in is the `MambaPool` tensors (above): nothing
   the bookkeeping reads. Modelled with page_size 1, no extra buffer (v1 asserts page 1
   without it), no chunking, no SWA, no int8 checkpoints.
 - the tree a plain `RadixCache` (no `mamba_tree`; not a production pairing): a plain
@@ -313,14 +313,14 @@ def release_queued_mamba(req, cache) -> None:
     `try_cache_finished_req` -> `finish_req` (finding M2: the spec follows it under
     `--accept M2`; without, runs leave the trigger out, `adapters/sglang/findings.py`).
     0.5.15 (scheduler.py l.3905-3910, `release_kv_cache(req, is_insert=False)` for any
-    request with a `mamba_pool_idx`): driven for a request without a row (the
-    `req_pool_idx is None` branch frees the state); a turn restored from its slot holds
-    the slot's row and would reach `try_cache_finished_req` -> `finish_req` too (M2's
-    path on this release; not driven, docs/upstream-findings.md)."""
+    request with a `mamba_pool_idx`, with `MambaRadixCache` or a plain tree): a request
+    without a row has its state freed (`req_pool_idx is None`); a turn restored from its
+    slot holds the slot's row and reaches the wrapper's `try_cache_finished_req` ->
+    `finish_req` (M2 on this release too)."""
     from sglang.srt.mem_cache.common import release_kv_cache
     kv = kv_record(req)
     if kv is req:                               # 0.5.15
-        if req.mamba_pool_idx is not None and req.req_pool_idx is None:
+        if req.mamba_pool_idx is not None:
             release_kv_cache(req, cache, is_insert=False)
     elif kv.holds_mamba:
         release_kv_cache(req, cache, checkpoint=False)
@@ -409,12 +409,7 @@ def queued_borrowed_abort_probe(cfg) -> dict:
     out = dict(borrowed=kv_record(slot) is kv or slot.req_pool_idx == req.req_pool_idx,
                holds_kv=b._row(req) is not None, holds_mamba=holds_mamba(kv),
                req_nodes_before=list(sess.req_nodes))
-    if b.api == "flat":             # 0.5.15: the adapter does not drive it (its filter);
-        from sglang.srt.mem_cache.common import release_kv_cache      # l.3905-3910 do
-        b.live.pop(2)
-        release_kv_cache(req, b.cache, is_insert=False)
-    else:
-        b.apply(O.AbortQueued(2))   # _release_aborted_request, "For mamba radix cache"
+    b.apply(O.AbortQueued(2))       # (0.5.23: _release_aborted_request), "For mamba radix cache"
     out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
                slot_kept=b._sid(1) in b._slots())
     b.apply(O.SubmitTurn(1, 3, (6,), 2))
