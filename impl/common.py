@@ -73,9 +73,11 @@ def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges, kv=None) ->
     allocator.free_segments(segments)
 
 
-def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.Tensor]:
+def alloc_token_range(sched, row: int, start: int, end: int,
+                      before_alloc=None) -> Optional[torch.Tensor]:
     """KV indices for row positions [start, end), continuing the partial page at start
-    (P > 1 evicts extend + P tokens first, P == 1 evicts extend). None on shortage."""
+    (P > 1 evicts extend + P tokens first, P == 1 evicts extend). None on shortage.
+    `before_alloc` (P == 1): called once the KV fits, before the allocation."""
     alloc = sched.token_to_kv_pool_allocator
     P = sched.page_size
     n = end - start
@@ -83,6 +85,8 @@ def alloc_token_range(sched, row: int, start: int, end: int) -> Optional[torch.T
         return torch.empty(0, dtype=I64, device=sched.device)
     if P == 1:
         evict_from_tree_cache(sched.tree_cache, alloc, n)
+        if before_alloc is not None and alloc.available_size() >= n:
+            before_alloc()
         out = alloc.alloc(n)
         if out is not None:
             _mark_fresh(sched, out)
@@ -108,7 +112,7 @@ def _mark_fresh(sched, new_loc: torch.Tensor) -> None:
     sched.kv_buffer.token_of[idx] = -1
 
 
-def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> bool:
+def alloc_for_extend(sched, req: Req, prefix_len: int, end: int, before_alloc=None) -> bool:
     """Row (kept when held), then KV for [prefix_len, end); write_cache_indices; the
     forward writes the KV of fill_ids[prefix_len:end]; committed = allocated = end.
     False when KV is short after eviction (the row, if newly taken, is returned)."""
@@ -117,7 +121,7 @@ def alloc_for_extend(sched, req: Req, prefix_len: int, end: int) -> bool:
     if pool.alloc([req]) is None:
         raise RuntimeError(f"req {req.rid}: no row in req_to_token_pool")
     row = req.req_pool_idx
-    out = alloc_token_range(sched, row, prefix_len, end)
+    out = alloc_token_range(sched, row, prefix_len, end, before_alloc)
     if out is None:
         if not had_row:
             pool.free_slots.insert(0, row)

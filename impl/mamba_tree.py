@@ -4,7 +4,9 @@ Mamba states (`TreeNode.mamba_value`, a 1-element slot tensor; None = a Mamba to
 the node's own Mamba lock (`mamba_lock_ref`), a Mamba LRU (`mamba_tick`, larger = more
 recent), the copy-on-write at a match, the checkpoint copy and the finished request's
 donation, and Mamba eviction. spec/mamba_tree.py states the rules; this module is the
-tensor-side implementation the lockstep runs beside it.
+tensor-side implementation the lockstep runs beside it. `wrapper=True`: 0.5.15's
+`MambaRadixCache` where it differs (spec/mamba_tree.py: the Mamba LRU touched along
+paths, tombstone parents deleted with a leaf, `alloc_req_slots`' eviction).
 """
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ I64 = torch.int64
 
 
 class MambaComponent:
-    def __init__(self, cache):
+    MAMBA_STATE_PER_REQ_PREFIX_CACHE = 3
+
+    def __init__(self, cache, wrapper: bool = False):
         self.cache = cache                  # impl.radix_cache.RadixCache
         self.clock = 0
+        self.wrapper = wrapper              # 0.5.15 MambaRadixCache
 
     @property
     def allocator(self):
@@ -29,6 +34,35 @@ class MambaComponent:
         """`insert_mru` / `reset_node_mru` on the Mamba LRU list."""
         self.clock += 1
         node.mamba_tick = self.clock
+
+    def touch_walked(self, node) -> None:
+        """0.5.15 `_insert_helper` / `_split_node`: a walked node's state to the MRU end."""
+        if self.wrapper and node.mamba_value is not None:
+            self.touch(node)
+
+    def touch_matched(self, best) -> None:
+        """`_match_post_processor`: best's state to the MRU end (0.5.23); every state from
+        the root down to best, best last (0.5.15 `reset_node_and_parents_mru`)."""
+        path, x = [], best
+        while x is not self.cache.root_node and (self.wrapper or x is best):
+            path.append(x)
+            x = x.parent
+        for n in reversed(path):
+            if n.mamba_value is not None:
+                self.touch(n)
+
+    def delete_tombstone_parents(self, parent) -> tuple:
+        """0.5.15 `_iteratively_delete_tombstone_leaf` after a deleted leaf: parents left
+        childless, unlocked and stateless go too. Returns (their tokens, the first
+        parent kept)."""
+        freed = 0
+        while self.wrapper and parent is not self.cache.root_node and not parent.children \
+                and parent.lock_ref == 0 and parent.mamba_value is None:
+            up = parent.parent
+            freed += len(parent.key)
+            self.cache.delete_leaf(parent)
+            parent = up
+        return freed, parent
 
     def evict_component(self, node) -> None:
         """A node's state returns to the pool; the node becomes a Mamba tombstone."""
@@ -55,7 +89,9 @@ class MambaComponent:
                 return
             x = min(cands, key=lambda n: n.mamba_tick)
             if not x.children and x.lock_ref == 0:
+                parent = x.parent
                 self.cache.delete_leaf(x)
+                self.delete_tombstone_parents(parent)
             else:
                 self.evict_component(x)
             freed += 1
@@ -70,8 +106,11 @@ class MambaComponent:
         return slot
 
     def ensure_mamba_capacity(self, needed: int) -> None:
-        """`allocation.ensure_mamba_capacity`: evict the shortfall before `alloc`."""
+        """`allocation.ensure_mamba_capacity`: evict the shortfall before `alloc`. 0.5.15
+        `alloc_req_slots`: evict up to MAMBA_STATE_PER_REQ_PREFIX_CACHE free states."""
         available = self.allocator.available_size()
+        if self.wrapper:
+            needed = self.MAMBA_STATE_PER_REQ_PREFIX_CACHE
         if available < needed:
             self.evict(needed - available)
 

@@ -161,8 +161,7 @@ class RadixCache:
         while x is not self.root_node:
             x.last_access_tick = self.tick
             x = x.parent
-        if best is not self.root_node:
-            self.mamba.touch(best)
+        self.mamba.touch_matched(best)
         return best, values[:depth]
 
     def _creation_tick(self) -> int:
@@ -186,6 +185,7 @@ class RadixCache:
         child.last_access_tick = t
         if self.mamba is not None:      # `_split_node` re-stamps the lower half
             child.last_access_tick = self._creation_tick()
+            self.mamba.touch_walked(child)
         new_node.children[self._child_key(child.key)] = child
         return new_node
 
@@ -206,6 +206,8 @@ class RadixCache:
         while len(key) > 0 and self._child_key(key) in node.children:
             node = node.children[self._child_key(key)]
             node.last_access_tick = t
+            if self.mamba is not None:
+                self.mamba.touch_walked(node)
             plen = self._key_match(node.key, key)
             total_prefix += plen
             key = key[plen:]
@@ -288,6 +290,9 @@ class RadixCache:
             evicted += len(x.key)
             parent = x.parent
             self.delete_leaf(x, paths[vid])
+            if self.mamba is not None:
+                freed, parent = self.mamba.delete_tombstone_parents(parent)
+                evicted += freed
             if self._is_candidate(parent):
                 candidates[parent.id] = parent
                 paths[parent.id] = parent.path()

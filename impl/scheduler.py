@@ -54,7 +54,8 @@ class Scheduler:
                  swa_window: int = 0, swa_num_pages: Optional[int] = None,
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
                  mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
-                 prefill_aware_swa: bool = False, mamba_tree: bool = False):
+                 prefill_aware_swa: bool = False, mamba_tree: bool = False,
+                 accept: tuple = ()):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -65,6 +66,7 @@ class Scheduler:
         self.spec_enabled = spec_enabled
         self.overlap = overlap
         self.era = era
+        self.accept = accept            # recorded findings impl follows: M2 only
         self.device = resolve_device(device)
         self.max_total_num_tokens = num_pages * page_size
         self.swa_window = swa_window
@@ -91,8 +93,9 @@ class Scheduler:
             self.radix_cache = RadixCache(self.req_to_token_pool, self.token_to_kv_pool_allocator,
                                           page_size, self.device)
         self.radix_cache.disable = disable_radix_cache
-        if mamba_tree:                  # 0.5.23's MAMBA tree component (impl/mamba_tree.py)
-            self.radix_cache.mamba = MambaComponent(self.radix_cache)
+        if mamba_tree:                  # the Mamba tree (impl/mamba_tree.py): 0.5.23's MAMBA
+            self.radix_cache.mamba = MambaComponent(self.radix_cache,   # component, 0.5.15's
+                                                    wrapper=era == "wrapper")  # MambaRadixCache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
         self.tree_cache = StreamingSession(self.radix_cache, era=era)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
@@ -264,7 +267,10 @@ class Scheduler:
         end = chunk_end(start, input_len, self.chunk_size, self.page_size)
         self.tree_cache.cache_unfinished_req(req, chunked=True)
         req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
-        if not common.alloc_for_extend(self, req, start, end):
+        mamba = self.radix_cache.mamba
+        evict = None if mamba is None or not mamba.wrapper else \
+            lambda: mamba.ensure_mamba_capacity(0)   # 0.5.15 alloc_req_slots, every chunk
+        if not common.alloc_for_extend(self, req, start, end, before_alloc=evict):
             return "oom"
         set_swa_evict_floor(self, req)
         if end >= input_len:
@@ -385,6 +391,12 @@ class Scheduler:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
             if "queued_abort_keeps_inflight" not in faults.ACTIVE:
                 session.abort_req(req)
+            if "M2" in self.accept and \
+                    req.req_pool_idx is not None and req.mamba_pool_idx is not None:
+                # accepted finding M2: release_kv_cache(checkpoint=False) -> claim_kv_row
+                self.tree_cache.try_cache_finished_req(req)
+                self._retire(req, session)
+                return "ok"
         if self.radix_cache.mamba is not None and req.req_pool_idx is None and \
                 req.mamba_pool_idx is not None:     # release_kv_cache(checkpoint=False)
             self.req_to_token_pool.free_mamba_cache(req)

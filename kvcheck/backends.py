@@ -26,10 +26,11 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     """The generators' configuration constraints for a backend (gen.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
-    checked by its trace (docs/upstream-findings.md), and on the borrow era with the
-    radix cache disabled or with its Mamba tree component (`mamba-tree`); SWA on both:
-    on the borrow era without prefill-aware SWA, which 0.5.23 pairs only with an all-SWA
-    model and the adapter refuses, adapters/sglang/hybrid.py)."""
+    checked by its trace (docs/upstream-findings.md), over a plain tree or 0.5.15's
+    `MambaRadixCache` (`mamba-tree`), and on the borrow era with the radix cache disabled
+    or with its Mamba tree component (`mamba-tree`); SWA on both: on the borrow era
+    without prefill-aware SWA, which 0.5.23 pairs only with an all-SWA model and the
+    adapter refuses, adapters/sglang/hybrid.py)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -39,7 +40,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if accept:
         kw["accept"] = accept
     if name.startswith("sglang"):
-        kw["hybrid_kinds"] = (("mamba-no-lazy", "swa") if era == "wrapper"
+        kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw

@@ -25,10 +25,13 @@ ACCEPTABLE = {
     "U2": "H4: retract runs finish_req (checkpoint advances, _inflight cleared)",
     "U3": "H5 (0.5.15): a queued abort of a streaming turn makes no session call",
     "U6": "0.5.23: a queue drop (_release_aborted_request) of a rejected stub clears _inflight",
+    "M2": "0.5.23 (hybrid SSM): a queued turn on its slot's record, aborted, is finished "
+          "(release_kv_cache -> try_cache_finished_req -> finish_req): its tokens become the "
+          "checkpoint",
 }
 """Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
 takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
-Accepted = Literal["U1", "U2", "U3", "U6"]
+Accepted = Literal["U1", "U2", "U3", "U6", "M2"]
 assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
@@ -91,12 +94,15 @@ class Config:
     builds a `ChunkCache` instead: not modelled). A hybrid SSM model's tree then keeps
     no Mamba state (adapters/sglang/hybrid.py)."""
     mamba_tree: bool = False
-    """0.5.23's `UnifiedRadixCache` MAMBA component (borrow era, with `mamba_slots`): tree
-    nodes keep Mamba states (spec/mamba_tree.py). Off: the tree keeps none and a plain
-    release frees the request's state (the pairing kvcheck drove before; not a production
-    one with the radix cache on, adapters/sglang/hybrid.py). Needs page_size 1, no extra
-    buffer (upstream asserts page 1 without it), no chunked prefill and no SWA (not
-    modelled together)."""
+    """The Mamba tree (with `mamba_slots`): tree nodes keep Mamba states
+    (spec/mamba_tree.py): 0.5.23's `UnifiedRadixCache` MAMBA component (borrow era),
+    0.5.15's `MambaRadixCache` under the `StreamingSession` wrapper (wrapper era). Off:
+    the tree keeps none and a plain release frees the request's state (the pairing
+    kvcheck drove before; not a production one with the radix cache on,
+    adapters/sglang/hybrid.py). Needs page_size 1, no extra buffer (upstream asserts page
+    1 without it; the extra buffer's checkpoints are placed by the forward's tracking),
+    no SWA (not modelled together), and in the borrow era no chunked prefill (0.5.23's
+    chunked checkpoints are not modelled; 0.5.15's are)."""
     need_sort: bool = True
     """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
     and sorted into `free_pages` when an allocation runs short (upstream sets it under
@@ -182,13 +188,14 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
 
 def _mamba_tree_error(cfg: "Config") -> Optional[str]:
     """The first setting that config.mamba_tree cannot run with, or None."""
-    for bad, why in ((cfg.era != "borrow", "era='borrow' (0.5.15's MambaRadixCache is not modelled)"),
-                     (not cfg.mamba_slots, "config.mamba_slots >= 1"),
+    for bad, why in ((not cfg.mamba_slots, "config.mamba_slots >= 1"),
                      (cfg.disable_radix_cache, "disable_radix_cache=False (a disabled tree keeps no state)"),
-                     (cfg.page_size != 1, "page_size 1 (MambaComponent asserts it without the extra buffer)"),
+                     (cfg.page_size != 1, "page_size 1 (MambaComponent and 0.5.15's MambaRadixCache "
+                      "assert it without the extra buffer)"),
                      (cfg.mamba_extra_buffer != "off", "mamba_extra_buffer 'off' (the track buffers' "
                       "checkpoint seqlens are set by the forward, not modelled)"),
-                     (cfg.chunk_size is not None, "chunk_size None (chunked checkpoints not modelled)"),
+                     (cfg.chunk_size is not None and cfg.era == "borrow",
+                      "chunk_size None in the borrow era (0.5.23's chunked checkpoints not modelled)"),
                      (cfg.swa_window != 0, "swa_window 0 (SWA and Mamba components together not modelled)")):
         if bad:
             return why

@@ -33,17 +33,51 @@ the anchor node's state, tombstone or not) and a position in the Mamba LRU list.
   Mamba LRU from its least recent unlocked state: an unlocked device leaf goes whole
   (`evict_device_leaf`), any other node loses only its state.
 
+Where 0.5.15's `MambaRadixCache` (`config.era == "wrapper"`, `mem_cache/
+mamba_radix_cache.py` of the 0.5.15 wheel, under the `StreamingSession` wrapper) differs
+(`wrapper_rules` gates each; the rest above holds for both):
+- the Mamba LRU is touched along paths: the match moves every state from the root down
+  to the node it ends on to the MRU end, deeper more recent (`_match_post_processor`
+  l.1094, `reset_node_and_parents_mru`); an insert's walk moves each walked node's state
+  (`_insert_helper` l.1193, `reset_node_mru`); `_split_node` (l.1160) re-inserts the
+  lower half's state at the MRU end.
+- `cache_unfinished_req` (l.642) re-matches the inserted key after the insert (the lock
+  moves to that match's node); the re-stamp changes no order: the insert's walk has
+  just touched the same path root first, and it cannot split there (the scheduler's
+  match split at the divergence point in the same step; no chunking), so the key ends
+  on the node the insert ended on and nothing is modelled for it.
+- a deleted leaf takes its childless, unlocked, stateless parents with it
+  (`_iteratively_delete_tombstone_leaf` l.1266, from `_evict_leaf_node`: a KV eviction
+  and a Mamba eviction of a leaf): no Mamba tombstone is left a leaf. 0.5.23 keeps such a
+  node while it has full KV (`_iteratively_delete_tombstone_ancestors`).
+- `alloc_req_slots` (`mem_cache/common.py` l.401-433), before `HybridReqToTokenPool.
+  alloc` at every extend (each chunk's too), evicts `MAMBA_STATE_PER_REQ_PREFIX_CACHE`
+  (3) minus the free slots when fewer are free, whatever the request needs (0.5.23's
+  `ensure_mamba_capacity` evicts the shortfall only).
+- chunked prefill is modelled (0.5.15 only): a plain request's chunk checkpoints like a
+  prefill (`cache_unfinished_req(chunked=True)`), guarded by `chunk_refusal`.
+
 The functions here act on nodes and the Mamba pool only; spec/model.py calls them.
 """
 from __future__ import annotations
 
 from typing import Optional
 
+from spec.pages import chunk_end
 from spec.state import ROOT, State
 
 
 def on(s: State) -> bool:
     return s.cfg.mamba_tree
+
+
+MAMBA_STATE_PER_REQ_PREFIX_CACHE = 3
+"""0.5.15 `mem_cache/common.py` l.45: the free states `alloc_req_slots` keeps per request."""
+
+
+def wrapper_rules(s: State) -> bool:
+    """0.5.15's `MambaRadixCache` (module docstring) rather than 0.5.23's component."""
+    return s.cfg.mamba_tree and s.cfg.era == "wrapper"
 
 
 def touch(s: State, node) -> None:
@@ -80,6 +114,62 @@ def best_node(s: State, nid: int) -> int:
             return nid
         nid = n.parent
     return ROOT
+
+
+def touch_path(s: State, nid: int) -> None:
+    """`mamba_lru_list.reset_node_and_parents_mru` (0.5.15): the states from the root down
+    to nid move to the MRU end, nid most recent."""
+    path = []
+    while nid != ROOT:
+        n = dict.__getitem__(s.nodes, nid)
+        if n.mamba_value is not None:
+            path.append(nid)
+        nid = n.parent
+    for nid in reversed(path):
+        touch(s, s.nodes[nid])
+
+
+def walk_touch(s: State, node) -> None:
+    """0.5.15 `_insert_helper` / `_split_node`: a walked node's (a split's lower half's)
+    state moves to the MRU end."""
+    if wrapper_rules(s) and node.mamba_value is not None:
+        touch(s, node)
+
+
+def tombstone_leaf(s: State, node) -> bool:
+    """0.5.15 `_iteratively_delete_tombstone_leaf`: a node left childless that goes with
+    the deleted leaf below it (stateless, unlocked; never the root)."""
+    return wrapper_rules(s) and node.id != ROOT and not node.children and \
+        node.lock_ref == 0 and node.mamba_value is None
+
+
+def alloc_req_slots_evict(s: State) -> int:
+    """How many states `alloc_req_slots` evicts before the alloc: the shortfall of the
+    free slots against `MAMBA_STATE_PER_REQ_PREFIX_CACHE` (0.5.15, one request)."""
+    return max(0, MAMBA_STATE_PER_REQ_PREFIX_CACHE - len(s.mamba_free_slots))
+
+
+def chunk_refusal(s: State, req) -> Optional[str]:
+    """Why the next chunk of req could hit `_alloc_mamba_slot`'s assertion, or None: 0.5.15's
+    `cache_unfinished_req(chunked=True)` (a request outside a session; a streaming turn's
+    chunk skips the tree) copies its state into a fresh slot, evicting one when none is
+    free; a chunk that ends the prefill of a request that goes on decoding copies once
+    more (`cache_unfinished_req` after the sample; a streaming turn only when it is its
+    session's first). With fewer free and evictable than that, upstream asserts "Can not
+    alloc mamba cache" (kvcheck's guard does not schedule the chunk there, as
+    `cow_refusal` for the match; conservative: a state the chunk's lock move unlocks is
+    not counted)."""
+    if not wrapper_rules(s):
+        return None
+    plain = req.session is None
+    end = chunk_end(req.extend_end, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
+    goes_on = end == req.seqlen and not req.to_finish and \
+        len(req.output) + 1 < req.max_new_tokens and (plain or req.session not in s.slots)
+    if len(s.mamba_free_slots) + len(evictable(s)) >= plain + goes_on:
+        return None
+    return ("config.mamba_tree: the Mamba pool has no free slot and no evictable state, so the "
+            "chunk's checkpoint copy would assert (upstream _alloc_mamba_slot: 'Can not alloc "
+            "mamba cache')")
 
 
 def evictable(s: State) -> list:

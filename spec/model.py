@@ -81,13 +81,17 @@ def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
         s.content[p] = tuple(c)
 
 
-def _alloc_extend(s: State, row: int, prefix: int, end: int) -> bool:
+def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool = False) -> bool:
     """`alloc_for_extend` for one request: evict first, then P=1 `alloc(n)` or P>1
-    `alloc_extend` (continue the partial last page, then new pages); fill the row."""
+    `alloc_extend` (continue the partial last page, then new pages); fill the row.
+    `mamba_evict` (a 0.5.15 Mamba tree's next chunk): once the KV fits, `alloc_req_slots`
+    evicts Mamba states before the allocation (`mamba_tree.alloc_req_slots_evict`)."""
     P = s.cfg.page_size
     n = end - prefix
     if P == 1:
         evict_from_tree_cache(s, n)
+        if mamba_evict and len(s.free_pages) >= n:
+            evict_mamba(s, mamba_tree.alloc_req_slots_evict(s))
         pages = _alloc_pages(s, n)
         if pages is None:
             return False
@@ -157,6 +161,7 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     new.swa_tick = child.swa_tick       # 0.5.23: `lru.insert_after(child, new_node)`
     if mamba_tree.on(s):
         mamba_tree.split(new)
+        mamba_tree.walk_touch(s, child)
     if hybrid.swa_on(s) or mamba_tree.on(s):
         # SWARadixCache, and 0.5.23's `_split_node` with an SWA or a Mamba component (whose
         # match stamps only the node it ends on): the lower half is re-stamped, after the upper
@@ -182,6 +187,7 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
     node id, matched length, its pages)."""
     s.tick += 1
     access = s.tick
+    touch_states = stamp and mamba_tree.wrapper_rules(s)
     nid, pages, i = ROOT, [], 0
     while i < len(key):
         # a read (the root is never stamped: a walk that matches nothing copies no node)
@@ -191,6 +197,8 @@ def _walk(s: State, key: tuple, stamp: bool = True) -> tuple[int, int, list]:
         child = s.nodes[cid]
         if stamp:
             child.tick = access
+        if touch_states:
+            mamba_tree.walk_touch(s, child)
         m = _match_len(s, child.key, key[i:])
         if m < len(child.key):
             cid = _split_node(s, cid, m)
@@ -337,12 +345,23 @@ def _evict_full(s: State, num_tokens: int) -> tuple:
         leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
         swa += 0 if hybrid.swa_tombstoned(s, leaf) else len(leaf.key)
         evicted += _delete_node(s, leaf)
-        parent = s.nodes[leaf.parent]
-        while hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and \
-                parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent):
-            evicted += _delete_node(s, parent)
-            parent = s.nodes[parent.parent]
+        evicted += _delete_tombstone_parents(s, leaf)
     return evicted, swa
+
+
+def _delete_tombstone_parents(s: State, leaf: Node) -> int:
+    """`_iteratively_delete_tombstone_leaf` after a deleted leaf: its parents left
+    childless and unlocked go too while they are tombstones (wrapper era: an SWA-
+    tombstoned node under SWA, a stateless node under the Mamba tree); returns their
+    tokens."""
+    evicted = 0
+    parent = s.nodes[leaf.parent]
+    while (hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and
+           parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent)) or \
+            mamba_tree.tombstone_leaf(s, parent):
+        evicted += _delete_node(s, parent)
+        parent = s.nodes[parent.parent]
+    return evicted
 
 
 def _delete_node(s: State, leaf: Node) -> int:
@@ -378,11 +397,7 @@ def _evict_swa(s: State, num_tokens: int) -> None:
             continue
         x = s.nodes[x.id]
         _delete_node(s, x)
-        parent = s.nodes[x.parent]
-        while parent.id != ROOT and not parent.children and parent.lock_ref == 0 and \
-                hybrid.swa_tombstoned(s, parent):
-            _delete_node(s, parent)
-            parent = s.nodes[parent.parent]
+        _delete_tombstone_parents(s, x)
 
 
 def evict_mamba(s: State, num: int) -> None:
@@ -398,6 +413,7 @@ def evict_mamba(s: State, num: int) -> None:
         x = s.nodes[min(cands, key=lambda n: n.mamba_tick).id]
         if not x.children and x.lock_ref == 0:
             _delete_node(s, x)
+            _delete_tombstone_parents(s, x)
         else:
             mamba_tree.drop_state(s, x)
         freed += 1
@@ -617,6 +633,7 @@ ACCEPTED_INVARIANTS = {
     "U2": ("I20", "I26", "I28"),
     "U3": ("I20",),
     "U6": ("I20",),
+    "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
 """The invariants an accepted finding's known behaviour breaks on the spec itself. A spec
 that breaks anything else under `Config.accept` has left what the model follows (e.g.
@@ -929,16 +946,10 @@ def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
     with the node locked when the pool is empty)."""
     last, _, pages = _walk(s, req.fill_ids[:_key_limit(req)], stamp=False)
     best = mamba_tree.best_node(s, last)
-    s.tick += 1
-    nid = best
-    while nid != ROOT:
-        n = s.nodes[nid]
-        n.tick = s.tick
-        nid = n.parent
+    _match_post_stamp(s, best)
     if best == ROOT:
         return ROOT, []
     node = s.nodes[best]
-    mamba_tree.touch(s, node)
     if req.mamba_pool_idx is None:
         if not s.mamba_free_slots:
             inc_lock_ref(s, ("node", best))
@@ -949,6 +960,24 @@ def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
             raise ModelError("finalize_match_result_in_cache: Can not alloc mamba cache")
         req.mamba_pool_idx = m
     return best, pages[:len(node.path)]
+
+
+def _match_post_stamp(s: State, best: int) -> None:
+    """`_match_post_processor`'s touches: best and its ancestors get one access tick; the
+    Mamba LRU takes best's state to the MRU end (0.5.23 `refresh_lru` MATCH_END), every
+    state on its path (0.5.15 `reset_node_and_parents_mru`)."""
+    s.tick += 1
+    nid = best
+    while nid != ROOT:
+        n = s.nodes[nid]
+        n.tick = s.tick
+        nid = n.parent
+    if best == ROOT:
+        return
+    if mamba_tree.wrapper_rules(s):
+        mamba_tree.touch_path(s, best)
+    else:
+        mamba_tree.touch(s, s.nodes[best])
 
 
 def _mamba_revert_cow(s: State, req: Req) -> None:
@@ -988,8 +1017,9 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     elif not (req.committed > 0):
         raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
                          f"with kv_committed_len=0 and no chunk in flight")
-    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity`
-        short = hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)
+    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity` (0.5.23),
+        short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
+            hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
         if short > 0:
             evict_mamba(s, short)
     hybrid.alloc_mamba(s, req)
@@ -1091,7 +1121,7 @@ def _prefill_chunk(s: State, req: Req) -> str:
         cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
     prefix = req.extend_end
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
-    if not _alloc_extend(s, req.row, prefix, end):
+    if not _alloc_extend(s, req.row, prefix, end, mamba_evict=mamba_tree.wrapper_rules(s)):
         return "oom"
     _write_kv(s, req.row, prefix, end, req.fill_ids)
     req.committed = req.allocated = req.extend_end = end
@@ -1187,14 +1217,26 @@ def _abort_queued(s: State, req: Req) -> None:
     also drops the partial turn parked in its slot (FIX(H4) follow-up)."""
     if _is_streaming(req):
         sid = req.session
-        if s.cfg.era == "wrapper" and accepts(s, "U3"):
-            del s.reqs[req.rid]         # 0.5.15 Scheduler.abort_request: no session call
+        if not (s.cfg.era == "wrapper" and accepts(s, "U3")):  # U3: 0.5.15 makes no session call
+            _drop_parked_turn(s, sid, req)
+            _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
+        if accepts(s, "M2") and queued_borrow_holds_mamba(s, req):
+            try_cache_finished_req(s, req)      # M2: release_kv_cache -> finish_req
+            del s.reqs[req.rid]
             return
-        _drop_parked_turn(s, sid, req)
-        _abort_req(s, sid, req, unconditional=s.cfg.era == "borrow" and accepts(s, "U6"))
     if mamba_tree.on(s) and req.row is None and req.mamba_pool_idx is not None:
         hybrid.free_mamba(s, req)       # `abort_request`: release_kv_cache(checkpoint=False)
     del s.reqs[req.rid]
+
+
+def queued_borrow_holds_mamba(s: State, req: Req) -> bool:
+    """Finding M2's trigger (docs/upstream-findings.md): a queued streaming turn runs on
+    its slot's record (matched: it holds the slot's row) and that record holds a Mamba
+    state, so `abort_request`'s "For mamba radix cache" branch calls `release_kv_cache`
+    (0.5.23 scheduler.py l.5716-5721, `checkpoint=False`, whose `claim_kv_row` reaches
+    `try_cache_finished_req`; 0.5.15 l.3905-3910, `is_insert=False`, the wrapper's
+    `cache_finished_req`) with no FINISH_ABORT set: the finish path."""
+    return _is_streaming(req) and req.row is not None and req.mamba_pool_idx is not None
 
 
 ABORT_STUB_ORIGIN = (0,)
@@ -1382,7 +1424,7 @@ def _pre_abort_refusal(s: State, op: O.PreAbort, req: Req) -> Optional[str]:
 
 
 def _prefill_chunk_refusal(s: State, op: O.PrefillChunk, req: Req) -> Optional[str]:
-    return _phase_refusal(req, ("prefill",))
+    return _phase_refusal(req, ("prefill",)) or mamba_tree.chunk_refusal(s, req)
 
 
 def _abort_running_refusal(s: State, op: O.AbortRunning, req: Req) -> Optional[str]:

@@ -49,7 +49,7 @@ BASE = abstract(BASE_STATE)
 
 
 def test_config_refuses_what_the_tree_component_is_not_modelled_with():
-    for kw, field in ((dict(era="wrapper"), "era"), (dict(page_size=2, max_context_len=32), "page_size"),
+    for kw, field in ((dict(page_size=2, max_context_len=32), "page_size"),
                       (dict(mamba_extra_buffer="eager"), "mamba_extra_buffer"),
                       (dict(chunk_size=4), "chunk_size"), (dict(swa_window=2), "swa_window"),
                       (dict(disable_radix_cache=True), "disable_radix_cache")):
@@ -170,15 +170,18 @@ def test_cow_guard_refuses_a_schedule_that_could_assert():
 
 # -- spec vs impl ------------------------------------------------------------------------------
 
-def test_spec_and_impl_agree_on_drawn_mamba_tree_configs():
+@pytest.mark.parametrize("era", ["borrow", "wrapper"])
+def test_spec_and_impl_agree_on_drawn_mamba_tree_configs(era):
+    """0.5.23's component (borrow) and 0.5.15's MambaRadixCache (wrapper)."""
     from adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     stats = Stats()
     for i in range(30):
         seq = walk(13, i, ImplBackend, "impl", stats, config_kw={
-            "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
-        assert seq.cfg.mamba_tree and seq.failure is None, seq.failure and seq.failure.render()
+            "hybrid": True, "era": era, "hybrid_kinds": ("mamba-tree",)})
+        assert seq.cfg.mamba_tree and seq.cfg.era == era and seq.failure is None, \
+            seq.failure and seq.failure.render()
 
 
 def test_impl_keeps_states_on_its_nodes_like_the_spec():

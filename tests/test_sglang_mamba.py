@@ -6,6 +6,8 @@ states when it is on (adapters/sglang/hybrid.py `mamba_tree_probe`). The real-re
 tests skip without .venv-sglang-0.5.23."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from spec import hybrid as H
@@ -120,9 +122,13 @@ def test_sglang_adapter_drives_0523_mamba_only_with_the_tree_disabled():
 
 
 def _need_0523():
+    _need("0.5.23")
+
+
+def _need(version):
     from adapters.sglang.proxy import venv_python
-    if not venv_python("0.5.23").exists():
-        pytest.skip("no .venv-sglang-0.5.23")
+    if not venv_python(version).exists():
+        pytest.skip(f"no .venv-sglang-{version}")
 
 
 @pytest.mark.parametrize("ops", [SHARED_PREFIX + [O.Finish(2)], SESSION], ids=["plain", "session"])
@@ -132,14 +138,14 @@ def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
     the session's slot shares the turn's Mamba refs, an aborted turn's record goes back
     and is freed, `_free_slot_mamba` skips the lazy buffer's empty entry at close."""
     _need_0523()
-    _assert_lockstep_on_0523(NO_RADIX, ops)
+    _assert_lockstep_on(NO_RADIX, ops)
 
 
-def _assert_lockstep_on_0523(cfg, ops):
-    """Run ops on the served 0.5.23 beside the spec; fail with the rendered divergence."""
+def _assert_lockstep_on(cfg, ops, version="0.5.23"):
+    """Run ops on the served release beside the spec; fail with the rendered divergence."""
     from adapters.sglang.proxy import SglangProxy
     from kvcheck.checker import run_ops
-    b = SglangProxy(cfg, "0.5.23")
+    b = SglangProxy(cfg, version)
     try:
         r = run_ops(cfg, ops, b, backend_name=b.name)
     finally:
@@ -163,7 +169,7 @@ def test_sglang_adapter_drives_0523_mamba_with_the_tree_component():
     from adapters.sglang.hybrid import refusal
     assert refusal(MAMBA_TREE, "borrow") is None
     assert "mamba_tree=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
-    assert "0.5.15's MambaRadixCache" in refusal(MAMBA_TREE, "flat")
+    assert refusal(replace(MAMBA_TREE, era="wrapper"), "flat") is None
 
 
 def test_real_0523_mamba_tree_agrees_with_the_spec():
@@ -176,21 +182,72 @@ def test_real_0523_mamba_tree_agrees_with_the_spec():
     for op in TREE_OPS:
         s, _ = step(s, op)
     assert any(n.mamba_value for n in s.nodes.values())
-    _assert_lockstep_on_0523(MAMBA_TREE, TREE_OPS)
+    _assert_lockstep_on(MAMBA_TREE, TREE_OPS)
 
 
 def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
     """Six drawn mamba-tree sequences of 48 steps on the real release (about 20 s)."""
-    _need_0523()
+    _assert_drawn_mamba_tree_lockstep("0.5.23", "borrow", 6)
+
+
+def _assert_drawn_mamba_tree_lockstep(version, era, n):
+    _need(version)
     from adapters.sglang.proxy import SglangProxy
     from kvcheck.backends import known_findings
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
-    for i in range(6):
-        seq = walk(3, i, lambda cfg: SglangProxy(cfg, "0.5.23"), "sglang:0.5.23", Stats(),
-                   length=48, skip=known_findings("sglang:0.5.23"), config_kw={
-                       "hybrid": True, "era": "borrow", "hybrid_kinds": ("mamba-tree",)})
+    for i in range(n):
+        seq = walk(3, i, lambda cfg: SglangProxy(cfg, version), f"sglang:{version}", Stats(),
+                   length=48, skip=known_findings(f"sglang:{version}"), config_kw={
+                       "hybrid": True, "era": era, "hybrid_kinds": ("mamba-tree",)})
         assert seq.cfg.mamba_tree and seq.failure is None, seq.failure.render()
+
+
+# -- 0.5.15's MambaRadixCache under the StreamingSession wrapper (config.mamba_tree, wrapper era)
+
+def test_real_0515_mamba_radix_cache_agrees_with_the_spec():
+    """The real `StreamingSession(MambaRadixCache)` of 0.5.15 step by step beside the
+    spec's wrapper-era Mamba tree rules (spec/mamba_tree.py): the same operations as on
+    0.5.23, with 0.5.15's eviction before every alloc and its path-wide Mamba LRU."""
+    _need("0.5.15")
+    _assert_lockstep_on(replace(MAMBA_TREE, era="wrapper"), TREE_OPS, "0.5.15")
+
+
+def test_real_0515_mamba_radix_cache_lockstep_on_drawn_configs():
+    """Twenty drawn wrapper-era mamba-tree sequences of 48 steps on the real 0.5.15."""
+    _assert_drawn_mamba_tree_lockstep("0.5.15", "wrapper", 20)
+
+
+@pytest.mark.parametrize("name", ["alloc_req_slots_evicts", "mamba_evict_cascade", "evict_full_cascade",
+                                  "chunk_alloc_req_slots_evicts",
+                                  "match_touches_path", "insert_touches_walk",
+                                  "split_touches_lower"])
+def test_real_0515_mamba_tree_regressions_pass(name):
+    """Each wrapper-era Mamba tree rule's regression trace passes on the real 0.5.15 (the
+    corpus test replays it on impl/; without the rule the spec parts from both)."""
+    _need("0.5.15")
+    from pathlib import Path
+    from kvcheck.trace import load
+    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" /
+             f"mamba_tree_0515_{name}.json")
+    _assert_lockstep_on(t.config, t.ops, "0.5.15")
+
+
+@pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "plain_tree"])
+def test_real_0515_queued_abort_of_a_restored_turn_finishes_it(tree):
+    """M2's path on 0.5.15, outside the lockstep: the restored queued turn holds the
+    slot's row and Mamba state, so
+    `abort_request`'s `release_kv_cache(is_insert=False)` reaches the wrapper's
+    `try_cache_finished_req` -> `finish_req`, with `MambaRadixCache` and with a plain
+    tree alike; `_inflight` is cleared on the way (finish_req), which hides H5 there."""
+    _need("0.5.15")
+    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="wrapper",
+                 mamba_slots=6, mamba_tree=tree)
+    r = queued_borrowed_abort_probe(cfg, "0.5.15")
+    assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
+    assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
+    assert not r["inflight"] and r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]
 
 
 @pytest.mark.parametrize("tree", [True, False], ids=["mamba_tree", "tree_off"])
@@ -207,3 +264,64 @@ def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
     assert r["borrowed"] and r["holds_kv"] and r["holds_mamba"] and r["slot_kept"]
     assert r["req_nodes_before"] == ["1"] and r["req_nodes_after"] == ["2"]
     assert r["next_prompt"] == [1, 2, 3, 1, 7, 4, 5, 6]
+
+
+@pytest.mark.parametrize("version,name", [("0.5.23", "m2_queued_borrowed_abort_tree"),
+                                          ("0.5.23", "m2_queued_borrowed_abort_tree_off"),
+                                          ("0.5.15", "m2_0515_queued_restored_abort_tree"),
+                                          ("0.5.15", "m2_0515_queued_restored_abort_plain_tree")])
+def test_real_release_runs_m2_in_lockstep_only_when_accepted(version, name):
+    """Finding M2 in lockstep: with `--accept M2` the spec follows 0.5.23 (the aborted
+    queued turn's tokens become the checkpoint, the next turn is built on them) and the
+    run agrees to the end; without it the same operations break I28 on the release at
+    the abort (the recorded finding), and a run without the switch leaves that abort out
+    (`findings.known_trigger`)."""
+    _need(version)
+    from pathlib import Path
+    from adapters.sglang.findings import known_trigger
+    from kvcheck.trace import load
+    from spec.model import initial_state, step
+    t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" / f"{name}.json")
+    assert t.config.accept == ("M2",) and isinstance(t.ops[6], O.AbortQueued)
+    _assert_lockstep_on(t.config, t.ops, version)
+    from adapters.impl import ImplBackend
+    from kvcheck.checker import run_ops
+    r = run_ops(t.config, t.ops, ImplBackend(t.config), keep_records=True)
+    # compared to the end: the I28 the spec breaks at the abort is M2's own (an accepted
+    # finding's other violations stop the comparison, `within_accepted`)
+    assert r.ok and all(rec.outcome for rec in r.records), r.failure and r.failure.render()
+    from adapters.sglang.proxy import SglangProxy
+    fixed = replace(t.config, accept=())
+    b = SglangProxy(fixed, version)
+    try:
+        r = run_ops(fixed, t.ops, b, backend_name=b.name)
+    finally:
+        b.close()
+    assert (r.failure.id, r.failure.step, r.failure.side) == ("I28", 6, f"sglang-{version}")
+    s = initial_state(fixed)
+    for op in t.ops[:6]:
+        s, _ = step(s, op)
+    assert known_trigger(version)(s, t.ops[6]) == "M2"
+    assert known_trigger(version, accept=("M2",)) is None
+
+
+def test_real_0515_u3_queued_abort_still_frees_a_copy_on_write_state():
+    """Under U3 (0.5.15: a queued abort makes no session call) the waiting-queue branch
+    still releases a first turn's copy-on-write state held without a row (scheduler.py
+    l.3905-3910); the spec frees it too and the run is compared to the end (a spec that
+    leaked it would leave what the model follows and stop comparing)."""
+    _need("0.5.15")
+    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.checker import run_ops
+    cfg = replace(MAMBA_TREE, era="wrapper", accept=("U3",))
+    ops = [O.SubmitRequest(1, (1, 2, 3), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
+           O.OpenSession(1), O.SubmitTurn(1, 2, (1, 2, 3, 4), 2), O.Schedule(2, admit=False),
+           O.AbortQueued(2), O.SubmitRequest(3, (5, 6), 2), O.Schedule(3)]
+    s = initial_state(cfg)
+    for op in ops[:7]:
+        s, _ = step(s, op)
+    assert s.reqs[2].mamba_pool_idx is not None and s.reqs[2].row is None
+    b = SglangProxy(cfg, "0.5.15")      # (impl/ follows no U* finding: the fixed design)
+    r = run_ops(cfg, ops, b, keep_records=True, backend_name=b.name)
+    assert r.ok and all(rec.outcome for rec in r.records), r.failure and r.failure.render()
+

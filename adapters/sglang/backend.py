@@ -222,6 +222,9 @@ class SglangBackend:
         if self.api == "flat" and cfg.swa_window:
             self.cache, self.tree = swa_tree.build(cfg, self.pool, self.alloc)
             self.sess_obj = self.cache
+        elif self.api == "flat" and cfg.mamba_tree:     # 0.5.15 MambaRadixCache
+            self.cache, self.tree = hybrid.mamba_radix_cache(cfg, self.pool, self.alloc)
+            self.sess_obj = self.cache
         elif self.api == "flat":
             from sglang.srt.mem_cache.radix_cache import RadixCache
             from sglang.srt.session.streaming_session import StreamingSession
@@ -427,7 +430,7 @@ class SglangBackend:
         """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
         matched mamba idx"): the staged copy-on-write is dropped and a request without a
         session gives its copy-on-write slot back."""
-        if self.api != "flat" and self.cfg.mamba_tree:
+        if self.cfg.mamba_tree:
             hybrid.revert_cow(self.pool, req)
         return "rejected"
 
@@ -513,8 +516,8 @@ class SglangBackend:
         L = self.live.pop(op.rid)
         if self.api == "borrow":
             self._abort_queued_borrow(L)
-            if self.cfg.mamba_tree:
-                hybrid.release_queued_mamba(L.req, self.cache)
+        if self.cfg.mamba_slots:            # "For mamba radix cache"
+            hybrid.release_queued_mamba(L.req, self.cache)
         return "ok"
 
     def _op_queue_reject(self, op):
@@ -811,7 +814,8 @@ class SglangBackend:
 
     def _node_lock_ref(self, node) -> int:
         if self.api == "flat":
-            return swa_tree.lock_ref(node) if self.cfg.swa_window else int(node.lock_ref)
+            return swa_tree.lock_ref(node) if self.cfg.swa_window or self.cfg.mamba_tree \
+                else int(node.lock_ref)
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
         return int(node.component(ComponentType.FULL).lock_ref)
 
@@ -847,7 +851,7 @@ class SglangBackend:
         heaps `(session_ref_eviction_strategy(n), n)` over the tree core's
         `evictable_device_leaves` (LRU: the `last_access_time` counter; with session radix
         caching, session-referenced nodes last)."""
-        if self.api == "flat" and self.cfg.swa_window:
+        if self.api == "flat" and (self.cfg.swa_window or self.cfg.mamba_tree):
             return swa_tree.eviction_order(self.tree)
         if self.api == "flat":
             return list(self.tree.evictable_leaves), self.tree.eviction_strategy.get_priority
@@ -1025,7 +1029,9 @@ class SglangBackend:
             tree_cache=self.cache, token_to_kv_pool_allocator=self.alloc,
             req_to_token_pool=self.pool, session_controller=self.ctrl,
             hisparse_coordinator=None, is_hybrid_swa=bool(self.cfg.swa_window),
-            is_hybrid_ssm=False, enable_hisparse=False,
+            # a hybrid SSM server sets is_hybrid_ssm; set here where 0.5.15's
+            # MambaRadixCache (whose evictable_size() raises) needs its split accessors
+            is_hybrid_ssm=bool(self.cfg.mamba_tree and self.api == "flat"), enable_hisparse=False,
             full_tokens_per_layer=self.cfg.num_pages * self.P if self.cfg.swa_window else None,
             swa_tokens_per_layer=self.cfg.swa_pages * self.P if self.cfg.swa_window else None,
             max_total_num_tokens=self.cfg.num_pages * self.P, page_size=self.P,

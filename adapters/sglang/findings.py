@@ -14,11 +14,13 @@ from __future__ import annotations
 from typing import Optional
 
 from spec import ops as O
+from spec.model import queued_borrow_holds_mamba
 
-RELEASES = {"0.5.15": ("U1", "U2", "U3"),
-            "0.5.23": ("U1", "U2", "U6")}
+RELEASES = {"0.5.15": ("U1", "U2", "U3", "M2"),
+            "0.5.23": ("U1", "U2", "U6", "M2")}
 """release -> findings present in it (U3 is fixed in 0.5.23; U6 is new there, brought by
-that fix; U4 is withdrawn: it is the wrong-token consequence of U1/U2)."""
+that fix; U4 is withdrawn: it is the wrong-token consequence of U1/U2; M2: hybrid SSM
+models only)."""
 
 
 def _streaming_turn(s, rid) -> bool:
@@ -41,6 +43,9 @@ def _trigger(s, op) -> Optional[str]:
             return "U1"     # H3: the rejected stub's abort_req clears another turn's _inflight
     if isinstance(op, O.Retract) and _streaming_turn(s, op.rid):
         return "U2"         # H4: retract runs finish_req (checkpoint advances, _inflight cleared)
+    if isinstance(op, O.AbortQueued) and op.rid in s.reqs and \
+            queued_borrow_holds_mamba(s, s.reqs[op.rid]):
+        return "M2"         # the queued turn on its slot's Mamba record is finished
     if isinstance(op, (O.AbortQueued, O.QueueReject)) and _streaming_turn(s, op.rid):
         return "U3"         # H5: a queued abort makes no session call (_inflight stays set)
     if isinstance(op, (O.AbortQueued, O.QueueReject)) and _queued_stub_of_busy_session(s, op.rid):

@@ -41,12 +41,12 @@ Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
   its KV and full lock; the Mamba LRU order shows only through what eviction takes.
   Glue (the scheduler's inline code, replicated): a request `add_one_req` does not add
   gives its copy-on-write back when it has no session (`revert_cow`); a queued abort
-  releases a state held without a row (`release_queued_mamba`); admission needs the
+  releases a state it holds (`release_queued_mamba`: a copy-on-write slot held without
+  a row is freed; a turn that borrows its slot's record reaches `try_cache_finished_req`
+  and `finish_req`, finding M2, which the spec follows under `--accept M2`,
+  docs/upstream-findings.md; the tree off takes the same branch); admission needs the
   slots `alloc` takes plus the checkpoint copy from free and evictable states
-  (`mamba_short`). Not driven: the queued abort of a turn that borrows its slot's
-  record, whose `release_kv_cache(checkpoint=False)` reaches `try_cache_finished_req`
-  and runs `finish_req` (finding M2, docs/upstream-findings.md; the spec keeps the
-  record in the slot). Modelled with page_size 1, no extra buffer, no chunking, no SWA.
+  (`mamba_short`). Modelled with page_size 1, no extra buffer, no chunking, no SWA.
 - the tree off, `config.disable_radix_cache` (`--disable-radix-cache`: the same classes
   with `disable` set, whose tree keeps no Mamba state): `take` makes the turn's record the
   slot's (`slot.kv is req.kv`, Mamba refs included, from the first row allocation),
@@ -61,13 +61,28 @@ tree states the spec would not model). `mamba_tree_probe` runs that refused pair
 beside the spec without `mamba_tree` and shows where they part (the checkpoint's copy,
 I44 at the first prefill). Figures: docs/semantics.md, "Hybrid models".
 
-On 0.5.15, production pairs a hybrid SSM model with `MambaRadixCache` under the
-`StreamingSession` wrapper; kvcheck runs a plain `RadixCache` there over the real
-`HybridReqToTokenPool` (a plain release frees the state, the tree holds none), so on
-0.5.15 a Mamba state leaked or freed twice on tree paths, Mamba lock imbalance or a
-match ending on a tombstone stay hidden; what stays covered there is the pool, the
-allocator, and every session path that moves, shares or frees a Mamba ref (I44, I45;
-finding M1).
+Mamba on 0.5.15 (wrapper era), two pairings, both driven:
+- the tree on, `config.mamba_tree`: what production pairs with a hybrid SSM model,
+  `StreamingSession(MambaRadixCache)` (`mamba_radix_cache`), over the real
+  `HybridReqToTokenPool`. Driven for real: its match and copy-on-write (through
+  `init_next_round_input`, `cow_mamba` = `supports_mamba()`), `cache_unfinished_req`'s
+  copy (`mamba_pool.copy_from`, the stand-in's one state operation: recorded, no
+  tensor), `cache_finished_req`'s donation, `evict_mamba` / `evict_full` with their
+  tombstone cascades, the two LRU lists, `alloc_req_slots`' Mamba eviction before every
+  `alloc`, the nodes' Mamba locks; read back per node (`node_mamba`: `mamba_value`,
+  `mamba_lock_ref`) beside the KV and full lock, the full LRU order as `evict_full` pops
+  it (`swa_tree.eviction_order`), and upstream's pool checks with `is_hybrid_ssm` (its
+  `MambaRadixCache` branches). Glue replicated from `get_new_batch_prefill` /
+  `abort_request` (l.2905-2921, l.3905-3910): `revert_cow`, `release_queued_mamba`
+  (a queued turn restored from its slot holds the slot's row and reaches
+  `try_cache_finished_req` -> `finish_req`: M2 on this release too, followed by the
+  spec under `--accept M2`). What stays stood in is the `MambaPool` tensors (above): nothing
+  the bookkeeping reads. Modelled with page_size 1, no extra buffer (v1 asserts page 1
+  without it), no chunking, no SWA, no int8 checkpoints.
+- the tree a plain `RadixCache` (no `mamba_tree`; not a production pairing): a plain
+  release frees the state, the tree holds none; what it covers is the pool, the
+  allocator, and every session path that moves, shares or frees a Mamba ref (I44, I45;
+  finding M1, whose lazy track buffer the Mamba tree is not modelled with).
 """
 from __future__ import annotations
 
@@ -84,9 +99,6 @@ def refusal(cfg, api: str):
     if cfg.swa_window and api != "flat" and (cfg.disable_radix_cache or cfg.mamba_slots):
         return ("config.swa_window with disable_radix_cache or mamba_slots: the adapter drives "
                 "0.5.23's SWA component on the radix tree of a sliding-window model only")
-    if cfg.mamba_tree and api == "flat":
-        return ("config.mamba_tree: the sglang adapter drives 0.5.23's UnifiedRadixCache Mamba "
-                "component, not 0.5.15's MambaRadixCache; use a borrow-era release")
     if cfg.mamba_slots and api != "flat" and not cfg.disable_radix_cache and not cfg.mamba_tree:
         return ("config.mamba_slots: on 0.5.22+ a hybrid SSM model's tree is UnifiedRadixCache "
                 "with a Mamba component, which keeps Mamba states in tree nodes; use "
@@ -291,34 +303,70 @@ def revert_cow(pool, req) -> None:
     kv = kv_record(req)
     kv.mamba_cow_src_index = None
     kv.mamba_needs_clear = False
-    if kv.holds_mamba and not getattr(req, "session", None):
+    if holds_mamba(kv) and not getattr(req, "session", None):
         pool.mamba_allocator.free(kv.mamba_pool_idx.unsqueeze(-1))
         kv.mamba_pool_idx = None
 
 
 def release_queued_mamba(req, cache) -> None:
-    """0.5.23 `Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache"
-    (scheduler.py l.5716-5721): a popped request holding a Mamba state is released,
-    `release_kv_cache(req, checkpoint=False)`, which frees a copy-on-write slot held
-    without a row (the `not holds_kv` branch). Driven for that case only: a queued turn
-    that borrows its slot's record (holds_kv) would go through `claim_kv_row` ->
-    `try_cache_finished_req` (docs/semantics.md, "The Mamba tree")."""
+    """`Scheduler.abort_request`, waiting-queue branch, "For mamba radix cache": a popped
+    request holding a Mamba state is released. 0.5.23 (scheduler.py l.5716-5721, the Mamba
+    tree on or off): `release_kv_cache(req, checkpoint=False)`, driven as upstream runs
+    it: a copy-on-write slot held without a row is freed (the `not holds_kv` branch); a
+    queued turn that borrows its slot's record (holds_kv) goes through `claim_kv_row` ->
+    `try_cache_finished_req` -> `finish_req` (finding M2: the spec follows it under
+    `--accept M2`; without, runs leave the trigger out, `adapters/sglang/findings.py`).
+    0.5.15 (scheduler.py l.3905-3910, `release_kv_cache(req, is_insert=False)` for any
+    request with a `mamba_pool_idx`, with `MambaRadixCache` or a plain tree): a request
+    without a row has its state freed (`req_pool_idx is None`); a turn restored from its
+    slot holds the slot's row and reaches the wrapper's `try_cache_finished_req` ->
+    `finish_req` (M2 on this release too)."""
     from sglang.srt.mem_cache.common import release_kv_cache
     kv = kv_record(req)
-    if kv.holds_mamba and not kv.holds_kv:
+    if kv is req:                               # 0.5.15
+        if req.mamba_pool_idx is not None:
+            release_kv_cache(req, cache, is_insert=False)
+    elif kv.holds_mamba:
         release_kv_cache(req, cache, checkpoint=False)
 
 
+def holds_mamba(kv) -> bool:
+    """`ReqKvInfo.holds_mamba` (0.5.22+); a 0.5.15 `Req` holds one when it has a
+    `mamba_pool_idx`."""
+    return kv.holds_mamba if hasattr(kv, "holds_mamba") else kv.mamba_pool_idx is not None
+
+
 def node_mamba(cfg, node) -> dict:
-    """A 0.5.23 tree node's NodeView Mamba fields (`component_data[MAMBA]`: its state,
-    its lock_ref), as `spec.view.node_mamba_view` gives them; {} without a Mamba tree."""
+    """A tree node's NodeView Mamba fields (its state, its Mamba lock_ref), as
+    `spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
+    `component_data[MAMBA]`; 0.5.15 `MambaRadixCache`'s `TreeNode`: `mamba_value`,
+    `mamba_lock_ref`."""
     if not cfg.mamba_tree:
         return {}
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from spec.view import node_mamba_view
-    data = node.component_data[ComponentType.MAMBA]
-    value = None if data.value is None else int(data.value.reshape(-1)[0].item())
-    return node_mamba_view(value, int(data.lock_ref))
+    if hasattr(node, "component_data"):
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+        data = node.component_data[ComponentType.MAMBA]
+        value, lock = data.value, data.lock_ref
+    else:
+        value, lock = node.mamba_value, node.mamba_lock_ref
+    return node_mamba_view(None if value is None else int(value.reshape(-1)[0].item()), int(lock))
+
+
+def mamba_radix_cache(cfg, pool, alloc):
+    """0.5.15's hybrid SSM tree as production builds it with `--enable-streaming-session`:
+    `StreamingSession(MambaRadixCache(params))` (page_size 1, no extra buffer: its v1
+    asserts page 1) over the real `HybridReqToTokenPool`; returns (the wrapper, the
+    tree). Its only state operation, `mamba_pool.copy_from` in `cache_unfinished_req`,
+    reaches the stand-in `MambaPool` (recorded, no tensor)."""
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+    from sglang.srt.session.streaming_session import StreamingSession
+    params = CacheInitParams(disable=False, req_to_token_pool=pool,
+                             token_to_kv_pool_allocator=alloc, page_size=cfg.page_size,
+                             enable_mamba_extra_buffer=False, enable_mamba_extra_buffer_lazy=False)
+    tree = MambaRadixCache(params)
+    return StreamingSession(tree), tree
 
 
 def mamba_refs(holder) -> tuple:
@@ -339,33 +387,35 @@ def hybrid_view(cfg, pool) -> dict:
 
 
 def queued_borrowed_abort_probe(cfg) -> dict:
-    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23: a session's second turn
+    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23, outside the lockstep (the
+    runs drive it too: `release_queued_mamba`): a session's second turn
     borrows its slot's record at the match (`try_match_prefix`: `req.kv = slot.kv`, which
     holds a Mamba state), is turned down and stays queued; the client aborts it. Upstream's
     `Scheduler.abort_request`, waiting-queue branch (scheduler.py l.5696-5721; inline
-    there, its calls replicated here): `_release_aborted_request` (`session.abort_req()`),
+    there, replicated by the backend's `abort_queued`): `_release_aborted_request` (`session.abort_req()`),
     then, the request holding a Mamba state, `release_kv_cache(req, checkpoint=False)`,
     whose `claim_kv_row` -> `try_cache_finished_req` sees no FINISH_ABORT on the queued
     request and finishes it: `finish_req` makes the aborted turn the session's req_nodes.
     Reports req_nodes before and after, and the next turn's prompt. cfg: borrow era,
-    mamba_slots, mamba_tree or disable_radix_cache."""
+    mamba_slots, mamba_tree or disable_radix_cache; or the wrapper era (0.5.15, the tree
+    `MambaRadixCache` or a plain `RadixCache`): a turn restored from its slot holds the
+    slot's row and `mamba_pool_idx`, `abort_request` (l.3905-3910, no session call first:
+    H5) calls `release_kv_cache(req, is_insert=False)`, and the wrapper's
+    `try_cache_finished_req` takes the same finish path."""
     from spec import ops as O
     from adapters.sglang.backend import SglangBackend
     b = SglangBackend(cfg)
-    from sglang.srt.mem_cache.common import release_kv_cache
     for op in [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.Schedule(1), O.Decode(1, 7),
                O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:
         b.apply(op)
-    L = b.live.pop(2)
-    req, sess = L.req, b.ctrl.get(b._sid(1))
-    slot = b.cache.session.slots[b._sid(1)]
-    out = dict(borrowed=slot.kv is req.kv, holds_kv=bool(req.kv.holds_kv),
-               holds_mamba=bool(req.kv.holds_mamba), req_nodes_before=list(sess.req_nodes))
-    b._abort_queued_borrow(L)                   # _release_aborted_request
-    if req.kv.holds_mamba:                      # "For mamba radix cache"
-        release_kv_cache(req, b.cache, checkpoint=False)
+    req, sess = b.live[2].req, b.ctrl.get(b._sid(1))
+    slot, kv = b._slots()[b._sid(1)], kv_record(req)
+    out = dict(borrowed=kv_record(slot) is kv or slot.req_pool_idx == req.req_pool_idx,
+               holds_kv=b._row(req) is not None, holds_mamba=holds_mamba(kv),
+               req_nodes_before=list(sess.req_nodes))
+    b.apply(O.AbortQueued(2))       # (0.5.23: _release_aborted_request), "For mamba radix cache"
     out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
-               slot_kept=b._sid(1) in b.cache.session.slots)
+               slot_kept=b._sid(1) in b._slots())
     b.apply(O.SubmitTurn(1, 3, (6,), 2))
     out["next_prompt"] = [int(t) for t in b.live[3].req.origin_input_ids]
     return out

@@ -59,8 +59,10 @@ def full_allocator(alloc):
 
 def tree_sizes(cache) -> tuple:
     """(evictable, protected) full tokens: `full_evictable_size()` where the tree splits
-    its sizes (SWARadixCache's `evictable_size()` raises NotImplementedError)."""
-    if hasattr(cache, "full_evictable_size") and cache.supports_swa():
+    its sizes (0.5.15's SWARadixCache and MambaRadixCache, whose `evictable_size()`
+    raises NotImplementedError)."""
+    if hasattr(cache, "full_evictable_size") and (cache.supports_swa() or
+                                                  hasattr(cache, "mamba_lru_list")):
         return int(cache.full_evictable_size()), int(cache.full_protected_size())
     return int(cache.evictable_size()), int(cache.protected_size())
 

@@ -132,9 +132,7 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     from dataclasses import replace
     P, kind = cfg.page_size, d.choice(kinds, "hybrid_kind")
     if kind == "mamba-tree":
-        if cfg.era == "borrow":
-            return draw_mamba_tree(d, cfg)
-        kind = "mamba"                  # 0.5.15 has no tree component modelled
+        return draw_mamba_tree(d, cfg)
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
@@ -165,7 +163,9 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
     """0.5.23's Mamba tree on a Mamba-only cfg, one time in MAMBA_TREE_ONE_IN; drawn after
     the rest of the config (as `draw_tree_off`), so every config that is not Mamba-only
     draws as before. A wrapper-era cfg takes part only where its era was drawn (not asked
-    for), and becomes a borrow-era one: the tree exists only there. Drawn on borrow-era
+    for), and becomes a borrow-era one, as before 0.5.15's `MambaRadixCache` was modelled
+    (the draws of every run stay as they were; the wrapper-era tree is drawn where
+    `hybrid_kinds` names "mamba-tree": the sglang:0.5.15 backend, tests). Drawn on borrow-era
     Mamba-only configs alone (one config in 72) it came up in one sequence of the 300 of
     `kvcheck coverage`; with both eras it is about one config in 18, and wrapper-era
     Mamba-only configs keep half their share."""
@@ -180,11 +180,13 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
 
 
 def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
-    """0.5.23's Mamba tree component (config.mamba_tree) on a borrow-era cfg: page_size 1,
+    """The Mamba tree (config.mamba_tree: 0.5.23's component, 0.5.15's MambaRadixCache
+    on a wrapper-era cfg): page_size 1,
     no chunking, no extra buffer (what the component is modelled with); a pool of 2 to
     2 * rows + 2 slots, so states are evicted and admissions refused."""
     from dataclasses import replace
-    return replace(cfg, page_size=1, chunk_size=None, mamba_tree=True, mamba_extra_buffer="off",
+    chunk = cfg.chunk_size if cfg.era == "wrapper" else None   # 0.5.15: chunked checkpoints
+    return replace(cfg, page_size=1, chunk_size=chunk, mamba_tree=True, mamba_extra_buffer="off",
                    mamba_slots=d.integer(2, 2 * cfg.num_rows + 2, "mamba_slots"))
 
 
