@@ -435,15 +435,18 @@ class SglangBackend:
         return "rejected"
 
     def _op_prefill_chunk(self, op):
-        """The chunked request's next round: cache_unfinished_req(chunked=True), then
-        init_next_round_input() (no re-match) and the next chunk's prepare_for_extend."""
+        """The chunked request's next round: cache_unfinished_req(chunked=True) (0.5.23:
+        stash_chunked_request), then get_new_batch_prefill's init_next_round_input() (no
+        re-match; its refresh_fill_ids) and PrefillAdder.add_chunked_req, which sizes the
+        chunk by the fill array, `len(req.full_untruncated_fill_ids)`; then the chunk's
+        prepare_for_extend. The fill array is upstream's own: under U1/U2 a later turn's
+        create_req rewrites a live turn's arrays in place (_share_token_arrays)."""
         L = self.live[op.rid]
         req = L.req
         self._cache_unfinished(L, chunked=True)
-        if self.api == "flat":
-            req.init_next_round_input()
+        req.init_next_round_input()
         prefix = self._chunk_prefix(L)
-        input_len = len(req.origin_input_ids) + len(req.output_ids)
+        input_len = len(req.full_untruncated_fill_ids)
         end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
         if not self._can_alloc_extend(prefix, end):
             return "oom"
