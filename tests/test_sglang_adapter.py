@@ -138,3 +138,25 @@ def test_real_swa_allocator_runs_on_the_cpu(version):
     assert all(m > 0 for m in r["mapped"]) and len({m // 2 for m in r["mapped"]}) == 3
     assert r["after_window"] == [16 - 6, 8 - 4] and r["after_free"] == [16, 8]
     assert r["stub_calls"] == []
+
+
+@need_515
+def test_shadow_records_the_extend_forward_input_and_o2_double_insert(capsys):
+    """O2: the adapter's shadow KV of an extend is `req.get_fill_ids()` (what
+    prepare_for_extend feeds the forward), so a stale full_untruncated_fill_ids shows
+    on the request's row, not on the tree node cache_unfinished_req keys by the same
+    array; past it, finish(14) (cache_finished_req keys by origin + output) puts the
+    same page under a second node (I2 on the release)."""
+    from adapters.sglang.conformance import main
+    from adapters.sglang.proxy import make_backend
+    from kvcheck.checker import run_ops
+    from kvcheck.trace import load
+    path = ROOT / "stateful_tests/upstream/open-stale-fill-ids-sglang-0.5.15.json"
+    tr = load(path)
+    b = make_backend(tr.config, "0.5.15")
+    f = run_ops(tr.config, tr.ops, b, backend_name=b.name).failure
+    assert (f.id, f.step, f.side) == ("I26", 25, "sglang-0.5.15")
+    assert [v.owner for v in f.violations] == ["req 14"]
+    assert main(["--version", "0.5.15", "--past-failure", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "step  26 finish(rid=14) -> ok: I1, I2, I26" in out and "page owned 2 times" in out

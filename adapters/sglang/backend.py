@@ -297,11 +297,14 @@ class SglangBackend:
     def _prefix_len(self, req) -> int:
         return len(req.prefix_indices) if self.api == "flat" else req.prefix_len
 
-    def _write_shadow(self, req, start: int, end: int) -> None:
-        """The emulated forward writes the KV of fill_ids[i] at row position i."""
+    def _write_shadow(self, req, start: int, end: int, fill=None) -> None:
+        """The emulated forward writes the KV of fill[i] at row position i: an extend's
+        input is `req.get_fill_ids()` (prepare_for_extend), a decode's the sampled
+        tokens (origin_input_ids + output_ids, the default)."""
         if end <= start:
             return
-        fill = list(req.origin_input_ids) + list(req.output_ids)
+        if fill is None:
+            fill = list(req.origin_input_ids) + list(req.output_ids)
         row = self._row(req)
         idx = self.pool.req_to_token[row, start:end].tolist()
         for i, kv in zip(range(start, end), idx):
@@ -620,7 +623,7 @@ class SglangBackend:
         if self.cfg.prefill_aware_swa:  # get_new_batch_prefill: model_runner.prefill_aware_swa
             req.kv.swa_evict_floor = req.extend_end
         L.batch = batch
-        self._write_shadow(req, prefix, end)
+        self._write_shadow(req, prefix, end, list(req.get_fill_ids()))
 
     def _chunk_prefix(self, L) -> int:
         return self._prefix_len(L.req)
