@@ -245,7 +245,11 @@ def cmd_replay(args) -> int:
         raise UsageError(str(e))
     write_views(args, trace, res)
     exp = trace.expect
-    if res.failure is None:
+    if res.failure is None and res.beyond is not None:
+        print(f"PASS up to step {res.beyond.step} ({res.beyond.step} steps compared, "
+              f"{len(trace.ops) - res.beyond.step} not: beyond the accepted findings' model, "
+              f"{res.beyond.reason})")
+    elif res.failure is None:
         print(f"PASS: {res.steps} steps, every invariant held and the states agreed")
     else:
         print(res.failure.render())

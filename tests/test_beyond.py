@@ -121,3 +121,13 @@ def test_check_json_has_the_beyond_summary(tmp_path):
     assert s["beyond"]["sequences"] == 1 and s["beyond"]["reasons"] == {"I22": 1}
     assert s["beyond"]["steps_not_compared"] > 0
     assert "beyond the accepted findings' model: 1 sequences (I22 x1)" in p.stdout
+
+
+def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):
+    from kvcheck import cli
+    from kvcheck.trace import Trace
+    path = Trace(U1, U1_THEN_CLOSE).save(tmp_path / "t.json")
+    assert cli.main(["replay", str(path), "--backend", "spec"]) == 0
+    out = capsys.readouterr().out
+    assert "beyond the accepted findings' model at step 4: close_session(sid=2): I22" in out
+    assert "PASS up to step 4 (4 steps compared, 1 not: beyond the accepted findings' model, I22)" in out
