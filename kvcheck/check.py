@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Optional
 
 from kvcheck.errors import REGRESSIONS, UPSTREAM
 from kvcheck.replay import replay_trace
@@ -95,19 +96,25 @@ CHECK_SEED = 0
 """The differential part's campaign seed (fixed: `make check` is reproducible)."""
 
 
-def differential_part(backend: str, out, examples: int, engine: str, accept=()) -> tuple:
+def differential_part(backend: str, out, examples: int, engine: str, accept=(),
+                      beyond: Optional[dict] = None) -> tuple:
     """`check`'s differential run: a fixed seed and a count budget (the same sequences on
     every machine); the first failure is reported at once, then shrunk by kvcheck (never
     by Hypothesis). (ok, detail): not ok on a failure, or when an operation or one of
-    gen.PATHS (the retry of a retracted request, ...) was never reached."""
+    gen.PATHS (the retry of a retracted request, ...) was never reached. `beyond`, if
+    given, receives the run's sequences beyond the accepted findings' model (--json)."""
     from kvcheck.backends import known_findings
-    from kvcheck.engines.gen import PATHS
+    from kvcheck.engines.gen import PATHS, beyond_line
     from kvcheck.fuzz import Console, fuzz
     from spec.ops import OP_NAMES
     rep = fuzz(None, CHECK_SEED, backend, out, rounds=max(1, examples), engine=engine,
                stop_on_first=True, console=Console(quiet=True, prefix="   "), accept=accept)
     if rep.interrupted:
         raise KeyboardInterrupt
+    if beyond is not None:
+        beyond.update(sequences=sum(rep.beyond.values()), steps_not_compared=rep.not_compared,
+                      reasons=dict(sorted(rep.beyond.items())))
+    stopped = ("; " + beyond_line(rep.beyond, rep.not_compared)) if rep.beyond else ""
     if rep.found:
         f = rep.found[0]
         return False, (f"{f.id} on {f.side}: {f.summary}\n   trace: {f.path}\n"
@@ -124,7 +131,7 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=()) 
         cov += f"; not reached with recorded findings skipped (--accept drives them): {excused}"
     what = f"spec vs {rep.backend}" if rep.backend != "spec" else "spec alone"
     return not missing, (f"{rep.sequences} sequences, {rep.steps} steps, {rep.engine} "
-                         f"engine, {what}{cov}")
+                         f"engine, {what}{cov}{stopped}")
 
 
 def cmd_check(args) -> int:
@@ -134,6 +141,7 @@ def cmd_check(args) -> int:
     from kvcheck.ciformat import Case, write_reports
     accept = parse_accept(args.accept, args.backend)       # a usage error: exit 2, no work
     results, cases, current = [], [], ["parts"]
+    beyond: dict = {}           # the differential run's stops beyond --accept's model
     corpus_paths = [REGRESSIONS]
     if args.backend.startswith("sglang:"):
         corpus_paths += sorted(UPSTREAM.glob(f"*-sglang-{args.backend.split(':', 1)[1]}.json"))
@@ -162,7 +170,7 @@ def cmd_check(args) -> int:
 
     def differential():
         return differential_part(args.backend, args.out, args.examples,
-                                 getattr(args, "engine", DEFAULT_ENGINE), accept)
+                                 getattr(args, "engine", DEFAULT_ENGINE), accept, beyond)
 
     def explore():
         from kvcheck import explore as X
@@ -211,6 +219,6 @@ def cmd_check(args) -> int:
     total = sum(r[2] for r in results)
     print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in {total:.1f} s")
     write_reports(cases, total, args.junit_xml, args.json, backend=args.backend,
-                  examples=args.examples,
+                  examples=args.examples, beyond=beyond,
                   seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
     return 1 if failed else 0

@@ -12,7 +12,7 @@ upstream assertion the spec itself reached) with the owner, the page and the num
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
 from spec.abstract import AbstractState, canonical, diff
@@ -20,6 +20,7 @@ from spec.config import Config
 from spec.invariants import check_state, check_step
 from spec.model import ModelError, initial_state, refusal, step, within_accepted
 from spec.ops import Op
+from spec.state import State
 from spec.view import abstract
 from spec.violations import Violation
 
@@ -80,10 +81,29 @@ class StepRecord:
 
 
 @dataclass
+class Beyond:
+    """Under `Config.accept`, where the spec left what the model follows after it took
+    upstream's behaviour for an accepted finding: from this step on nothing is compared.
+    `reason`: "ModelError" (the spec reached an upstream assertion) or the first invariant
+    outside the accepted findings' ACCEPTED_INVARIANTS it broke (`details`: all of them)."""
+    step: int
+    op: Op
+    reason: str
+    details: list = field(default_factory=list)
+
+    def render(self) -> str:
+        return (f"beyond the accepted findings' model at step {self.step}: {self.op}: "
+                f"{self.reason}" + "".join(f"\n  | {d}" for d in self.details[:12]))
+
+
+@dataclass
 class RunResult:
     steps: int
     failure: Optional[Failure]
     records: list = field(default_factory=list)
+    beyond: Optional[Beyond] = None
+    """Set when the run stopped comparing (`Lockstep.beyond`); steps - beyond.step were
+    not compared."""
 
     @property
     def ok(self) -> bool:
@@ -102,7 +122,11 @@ class Lockstep:
         self.state = initial_state(cfg)
         self.prev = abstract(self.state)
         self.steps = 0
-        self.beyond = False     # under Config.accept: past what the model follows
+        self.beyond: Optional[Beyond] = None    # under Config.accept: past what the model follows
+        self.fixed = initial_state(replace(cfg, accept=())) if cfg.accept else None
+        """Under Config.accept, the fixed spec (no finding accepted) run on the same
+        operations while it computes what this one does; None from the first step where
+        they differ: an accepted finding's branch was taken (see `_took_upstream`)."""
         if backend is not None:
             backend._kvcheck_prev = backend.abstract()
             backend._kvcheck_same = backend._kvcheck_prev == self.prev
@@ -111,7 +135,7 @@ class Lockstep:
         """Apply op on both sides; on success the lockstep advances."""
         i, cfg = self.steps, self.cfg
         rec = StepRecord(i, op, "", self.prev)
-        if self.beyond:
+        if self.beyond is not None:
             return rec, None
         reason = refusal(self.state, op)
         if reason is not None:
@@ -120,8 +144,8 @@ class Lockstep:
         try:
             s, out = step(self.state, op)
         except ModelError as e:
-            if cfg.accept:      # an accepted finding led the spec into upstream's assertion
-                self.beyond = True
+            if self._took_upstream(op, error=e):    # an accepted finding led it there
+                self.beyond = Beyond(i, op, "ModelError", [str(e)])
                 return rec, None
             return rec, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)])
         except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
@@ -129,14 +153,15 @@ class Lockstep:
         b_spec = abstract(s)
         rec = StepRecord(i, op, out, b_spec)
         known, verdict = (), None
+        taken = self._took_upstream(op, s, out)
         if self.check_spec:
             vs = check_state(b_spec, cfg) + check_step(self.prev, op, out, b_spec, cfg)
             verdict = vs
-            if vs and not cfg.accept:
+            if vs and not taken:    # the fixed spec breaks them too: a defect of the spec
                 return rec, _failure(i, op, "spec", vs)
             if not within_accepted(cfg.accept, (v.id for v in vs)):
-                self.beyond = True  # consequences the model does not follow: stop comparing
-                return rec, None
+                self.beyond = beyond_invariants(i, op, cfg.accept, vs)
+                return rec, None    # consequences the model does not follow: stop comparing
             known = accepted(vs)
         if self.backend is not None:
             fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec,
@@ -145,6 +170,38 @@ class Lockstep:
                 return rec, fail
         self.state, self.prev, self.steps = s, b_spec, i + 1
         return rec, None
+
+    def _took_upstream(self, op: Op, s=None, out=None, error=None) -> bool:
+        """Whether an accepted finding's branch has been taken, at this step or before:
+        the fixed spec, stepped on `op` too, no longer computes what this spec did (its
+        state, outcome or upstream assertion `error` differ). Until then any violation,
+        or assertion, of this spec is the fixed spec's as well: a defect of the spec,
+        reported as without `--accept`."""
+        if self.fixed is None:
+            return bool(self.cfg.accept)
+        try:
+            f, f_out = step(self.fixed, op)
+            same = error is None and f_out == out and same_state(f, s)
+        except ModelError as e:
+            f, same = None, error is not None and str(e) == str(error)
+        except Exception:       # noqa: BLE001  (it refuses or crashes where this one did not)
+            f, same = None, False
+        self.fixed = f if same else None
+        return not same
+
+
+STATE_FIELDS = tuple(f.name for f in fields(State) if f.name != "cfg")
+
+
+def same_state(a: State, b: State) -> bool:
+    """Equal spec states, whatever their configurations' `accept`."""
+    return all(getattr(a, k) == getattr(b, k) for k in STATE_FIELDS)
+
+
+def beyond_invariants(i: int, op: Op, accept, vs) -> Beyond:
+    """The stop at step i: the spec's violations outside the accepted findings' set."""
+    out = [v for v in vs if not within_accepted(accept, (v.id,))]
+    return Beyond(i, op, out[0].id, [str(v) for v in out])
 
 
 def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
@@ -159,6 +216,8 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             records.append(rec)
         if fail is not None:
             return RunResult(i, fail, records)
+        if lock.beyond is not None:
+            return RunResult(len(ops), None, records, lock.beyond)
         if on_step is not None:
             on_step(rec)
     return RunResult(len(ops), None, records)

@@ -74,8 +74,9 @@ def _add_campaign_flags(p) -> None:
 def _accept_flag(p) -> None:
     p.add_argument("--accept", metavar="U1,U2,...", default=None,
                    help="recorded upstream findings (docs/upstream-findings.md) whose behaviour "
-                        "the spec takes, so a run drives their paths; spec or sglang backends "
-                        "only (None: the fixed behaviour)")
+                        "the spec takes, so a run drives their paths (a sequence they take past "
+                        "the model stops being compared and is counted in the report); spec or "
+                        "sglang backends only (None: the fixed behaviour)")
 
 
 def _no_cache_flag(p) -> None:

@@ -34,7 +34,7 @@ from typing import Optional
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.gen import Stats, beyond_line
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
 from kvcheck.trace import Expect, Trace
 from spec.ops import OP_NAMES
@@ -93,6 +93,10 @@ class FuzzReport:
     found: list = field(default_factory=list)
     duplicates: int = 0
     interrupted: bool = False
+    beyond: dict = field(default_factory=dict)
+    """Sequences that stopped comparing beyond the accepted findings' model, by reason
+    (`checker.Beyond`); `not_compared`: their steps left uncompared."""
+    not_compared: int = 0
 
     def render(self) -> str:
         rate = self.steps / self.seconds if self.seconds else 0.0
@@ -111,6 +115,8 @@ class FuzzReport:
         missing = [n for n in OP_NAMES if not self.coverage.get(n)]
         if missing:
             lines.append(f"  NOT REACHED: {', '.join(missing)}")
+        if self.beyond:
+            lines.append("  " + beyond_line(self.beyond, self.not_compared))
         if not self.found:
             lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
         for f in self.found:
@@ -269,6 +275,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.sequences, report.steps = stats.sequences, stats.steps
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     report.paths = dict(stats.paths)
+    report.beyond, report.not_compared = dict(stats.beyond), stats.not_compared
     return report
 
 

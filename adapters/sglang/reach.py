@@ -46,13 +46,15 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.sequences < 1:
         p.error("--sequences must be >= 1")
-    from kvcheck.engines.gen import PATHS
+    from kvcheck.engines.gen import PATHS, beyond_line
     accept = tuple(x for x in a.accept.split(",") if x)
     stats, failures = reach(a.sequences, a.seed, accept)
     print(f"sglang {installed_version()}: {stats.sequences} sequences, {stats.steps} steps, "
           f"seed {a.seed}, accept {','.join(accept) or '-'}")
     for path in PATHS:
         print(f"  {path}: {stats.paths.get(path, 0)}")
+    if stats.beyond:
+        print(beyond_line(stats.beyond, stats.not_compared))
     for i, f in failures:
         print(f"  sequence {i}: {f.render().splitlines()[0]}")
     return 0

@@ -399,6 +399,10 @@ class Stats:
     paths: Counter = field(default_factory=Counter)
     steps: int = 0
     sequences: int = 0
+    beyond: Counter = field(default_factory=Counter)
+    """Sequences that went beyond the accepted findings' model (`checker.Beyond`), by
+    reason; `not_compared`: their steps from there on."""
+    not_compared: int = 0
 
     def record(self, op: O.Op, outcome: str, paths: Sequence[str] = ()) -> None:
         self.coverage[op.name] += 1
@@ -406,16 +410,32 @@ class Stats:
         self.paths.update(paths)
         self.steps += 1
 
+    def record_beyond(self, reason: str, not_compared: int) -> None:
+        self.beyond[reason] += 1
+        self.not_compared += not_compared
+
     def merge(self, other: "Stats") -> None:
         self.coverage.update(other.coverage)
         self.outcomes.update(other.outcomes)
         self.paths.update(other.paths)
         self.steps += other.steps
         self.sequences += other.sequences
+        self.beyond.update(other.beyond)
+        self.not_compared += other.not_compared
 
     def clear(self) -> None:
-        self.coverage.clear(), self.outcomes.clear(), self.paths.clear()
-        self.steps = self.sequences = 0
+        self.coverage.clear(), self.outcomes.clear(), self.paths.clear(), self.beyond.clear()
+        self.steps = self.sequences = self.not_compared = 0
+
+
+def beyond_line(beyond: dict, not_compared: int) -> str:
+    """`check` and `fuzz`'s line on the sequences that stopped comparing ("" if none)."""
+    n = sum(beyond.values())
+    if not n:
+        return ""
+    tally = ", ".join(f"{r} x{k}" for r, k in sorted(beyond.items(), key=lambda x: (-x[1], x[0])))
+    return (f"beyond the accepted findings' model: {n} sequences ({tally}), "
+            f"{not_compared} steps not compared")
 
 
 def _retry(state, op) -> bool:

@@ -101,6 +101,9 @@ class KVMachine(RuleBasedStateMachine):
             self.apply(op)
 
     def apply(self, op):
+        if self.lock.beyond is not None:    # nothing is compared past it
+            STATS.not_compared += 1
+            return
         if not enabled(self.s, op):
             event("skipped: not enabled")
             return
@@ -114,6 +117,9 @@ class KVMachine(RuleBasedStateMachine):
         rec, fail = self.lock.apply(op)
         if fail is not None:
             self._fail(fail)
+        if self.lock.beyond is not None:
+            STATS.record_beyond(self.lock.beyond.reason, 1)
+            return
         STATS.record(op, rec.outcome, paths)
         event(f"op {op.name} -> {rec.outcome}")
 

@@ -127,7 +127,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
     stats.sequences += 1
     try:
         lock = Lockstep(cfg, backend, backend_name)
-        for _ in range(length):
+        for n in range(length):
             op = None
             while script and op is None:
                 op = _scripted(lock.state, script.pop(0), skip)
@@ -141,6 +141,9 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
             rec, fail = lock.apply(op)
             if fail is not None:
                 seq.failure = fail
+                return seq
+            if lock.beyond is not None:     # nothing more is compared: the walk ends here
+                stats.record_beyond(lock.beyond.reason, length - n)
                 return seq
             stats.record(op, rec.outcome, paths)
             if observe is not None:

@@ -1,0 +1,133 @@
+"""Under `--accept` the spec follows upstream's recorded behaviour, and where that takes it
+past what the model follows the lockstep stops comparing (`checker.Beyond`). The stop is
+counted and reported, never silent; and a spec that breaks an invariant (or reaches an
+upstream assertion) before any accepted finding's branch was taken fails as it would
+without `--accept` (kvcheck/checker.py `Lockstep._took_upstream`)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import spec.model as M
+from kvcheck.checker import SPEC_ASSERTION, Lockstep, run_ops
+from kvcheck.check import differential_part
+from kvcheck.engines.gen import Stats
+from kvcheck.engines.walk import walk
+from kvcheck.fuzz import fuzz
+from spec import ops as O
+from spec.config import Config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PLAIN_THEN_EVICT = [O.SubmitRequest(1, (1, 2, 3), 4), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
+                    O.Evict(8)]
+"""A plain request, cached, then evicted: no session, so no accepted finding's branch."""
+
+U1_THEN_CLOSE = [O.OpenSession(2), O.SubmitTurn(2, 3, (1, 2, 3, 4, 5, 4, 1, 2, 3, 4), 6),
+                 O.SubmitTurn(2, 6, (2, 1), 1), O.Schedule(6), O.CloseSession(2)]
+"""Turn 3 in flight, turn 6 a rejected stub; under U1 the stub's detach clears turn 3's
+_inflight (step 3: the accepted branch), so the close at step 4 is carried out under the
+running turn: I22, outside U1's ACCEPTED_INVARIANTS (found by the walk, seed 0 index 1)."""
+
+U1 = Config(era="borrow", accept=("U1",))
+
+
+def _free_pages_twice(real):
+    def free(s, pages, full_only=()):
+        real(s, pages, full_only)
+        real(s, pages[:1], full_only)           # the first page again: a double free
+    return free
+
+
+def test_a_planted_spec_defect_under_accept_fails_as_without_it(monkeypatch):
+    monkeypatch.setattr(M, "_free_pages", _free_pages_twice(M._free_pages))
+    plain = run_ops(Config(), PLAIN_THEN_EVICT)
+    assert plain.failure is not None and plain.failure.side == "spec"
+    res = run_ops(Config(accept=("U1", "U2")), PLAIN_THEN_EVICT)
+    assert res.failure is not None and res.beyond is None      # it used to stop, silently
+    f = res.failure
+    assert (f.id, f.step, f.side) == (plain.failure.id, plain.failure.step, "spec") == ("I3", 4, "spec")
+    assert f.violations[0].page is not None
+
+
+def test_a_planted_upstream_assertion_under_accept_is_m1(monkeypatch):
+    def evict(s, n):
+        raise M.ModelError("planted: evict reaches an assertion")
+    monkeypatch.setattr(M, "evict", evict)
+    res = run_ops(Config(accept=("U1", "U2")), PLAIN_THEN_EVICT)
+    assert res.failure is not None and (res.failure.id, res.failure.step) == (SPEC_ASSERTION, 4)
+
+
+def test_an_accepted_branch_taken_then_an_invariant_outside_its_set_is_beyond():
+    """After U1's branch was taken, the spec's own break outside U1's set is a stop."""
+    res = run_ops(U1, U1_THEN_CLOSE)
+    assert res.ok and res.beyond is not None
+    assert (res.beyond.step, res.beyond.reason) == (4, "I22")
+    assert "I22" in res.beyond.details[0] and "beyond" in res.beyond.render()
+    # the fixed spec (and U2 alone, whose branch these ops never take) compare to the end
+    for cfg in (replace(U1, accept=()), replace(U1, accept=("U2",))):
+        r = run_ops(cfg, U1_THEN_CLOSE)
+        assert r.ok and r.beyond is None
+
+
+def test_the_fixed_spec_is_followed_until_it_differs():
+    lock = Lockstep(U1)
+    for op in U1_THEN_CLOSE[:3]:
+        lock.apply(op)
+        assert lock.fixed is not None       # nothing accepted taken yet
+    lock.apply(U1_THEN_CLOSE[3])            # the stub's detach clears turn 3's _inflight
+    assert lock.fixed is None and lock.beyond is None
+    assert Lockstep(Config()).fixed is None
+
+
+def test_a_walk_that_goes_beyond_ends_and_is_counted():
+    stats = Stats()
+    seq = walk(0, 0, None, "spec", stats, cfg=U1, script=list(U1_THEN_CLOSE), length=40)
+    assert seq.failure is None and len(seq.ops) == 5
+    assert dict(stats.beyond) == {"I22": 1}
+    assert stats.not_compared == 40 - 4 and stats.steps == 4     # the 5th was not compared
+    merged = Stats()
+    merged.merge(stats), merged.merge(stats)
+    assert dict(merged.beyond) == {"I22": 2} and merged.not_compared == 72
+
+
+def test_fuzz_and_check_report_the_sequences_beyond(tmp_path):
+    """Seed 0 (check's), sequences 0 and 1: index 1 goes beyond (I22)."""
+    rep = fuzz(None, 0, "spec", tmp_path, rounds=2, accept=("U1", "U2"), quiet=True)
+    assert not rep.found and rep.beyond == {"I22": 1} and rep.not_compared > 0
+    line = (f"beyond the accepted findings' model: 1 sequences (I22 x1), "
+            f"{rep.not_compared} steps not compared")
+    assert line in rep.render()
+    assert "beyond" not in fuzz(None, 0, "spec", tmp_path, rounds=2, quiet=True).render()
+    seen: dict = {}
+    ok, detail = differential_part("spec", tmp_path, 2, "walk", ("U1", "U2"), beyond=seen)
+    assert line in detail
+    assert seen == {"sequences": 1, "steps_not_compared": rep.not_compared, "reasons": {"I22": 1}}
+
+
+def test_check_json_has_the_beyond_summary(tmp_path):
+    out = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
+                        "--accept", "U1,U2", "--examples", "2", "--skip-explore", "--skip-proofs",
+                        "--out", str(tmp_path / "f"), "--json", str(out)],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.exists(), p.stdout + p.stderr
+    s = json.loads(out.read_text())
+    assert s["beyond"]["sequences"] == 1 and s["beyond"]["reasons"] == {"I22": 1}
+    assert s["beyond"]["steps_not_compared"] > 0
+    assert "beyond the accepted findings' model: 1 sequences (I22 x1)" in p.stdout
+
+
+def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):
+    from kvcheck import cli
+    from kvcheck.trace import Trace
+    path = Trace(U1, U1_THEN_CLOSE).save(tmp_path / "t.json")
+    assert cli.main(["replay", str(path), "--backend", "spec"]) == 0
+    out = capsys.readouterr().out
+    assert "beyond the accepted findings' model at step 4: close_session(sid=2): I22" in out
+    assert "PASS up to step 4 (4 steps compared, 1 not: beyond the accepted findings' model, I22)" in out
