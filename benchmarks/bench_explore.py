@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_explore [--preset bench] [--max-depth N] [--breakdown]
     python -m benchmarks.bench_explore --against main [--rounds 3] [--compiled] [--all-scopes]
+    python -m benchmarks.bench_explore --preset nightly --memory [--compiled] --max-states N
 
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
@@ -236,6 +237,93 @@ def against(rev: str, scopes, rounds: int, compiled: bool, out=print) -> dict:
     return res
 
 
+MEMORY_RUN = """
+import gc, json, os, resource, sys, time
+if sys.argv[1] == "compiled":
+    from kvcheck.compiled import activate
+    activate()
+from kvcheck import explore as E
+from kvcheck.compiled import is_compiled
+from benchmarks.bench_explore import frontier_bytes
+sc = E.PRESETS[sys.argv[2]][0]
+max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
+rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
+def tick(res, depth, nxt, el):
+    windows.append((time.process_time(), res.states))
+c0, w0 = time.process_time(), time.perf_counter()
+r = E.explore(sc, max_states=max_states, max_seconds=max_seconds, progress=tick, progress_every=15)
+cpu, wall, peak = time.process_time() - c0, time.perf_counter() - w0, rss()
+windows.append((time.process_time(), r.states))
+t = time.perf_counter()
+visited = r.bytes_per_state()
+del r.visited
+load1 = os.getloadavg()[0]
+print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+                  "cpu_s": cpu, "wall_s": wall, "load": [load0, load1], "rss0": rss0,
+                  "peak_rss": peak, "visited_bytes": visited, "levels": r.level_sizes,
+                  "complete_depth": r.complete_depth, "stopped": r.stopped,
+                  "violations": [v.id for v in r.violations], "windows": windows,
+                  "frontier_bytes": frontier_bytes(sc, min(r.complete_depth, 11))}))
+"""
+
+
+def frontier_bytes(sc, depth: int) -> tuple:
+    """(states, bytes per state) of level `depth` of the scope, counted as the search's
+    frontier holds it: every object those states reach, once, so that the entities they
+    share copy-on-write are divided among them (the Config, classes and functions not
+    counted)."""
+    import sys as _sys
+    states = E.reachable_states(replace(sc, max_depth=depth))
+    level = states[len(E.reachable_states(replace(sc, max_depth=depth - 1))):]
+    seen, total, todo = {id(sc.cfg)}, 0, list(level)
+    while todo:
+        o = todo.pop()
+        if id(o) in seen or callable(o):
+            continue
+        seen.add(id(o))
+        total += _sys.getsizeof(o)
+        todo.extend(gc.get_referents(o))
+    return len(level), total / max(len(level), 1)
+
+
+def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=print) -> dict:
+    """One search of `sc` in a fresh process (compiled: on this tree's Cython build), with
+    its CPU seconds, peak RSS, the visited set's and the frontier's bytes per state, the
+    level sizes, and the rate in 15-second windows (does a state cost more deeper?)."""
+    import json
+    import subprocess
+    import sys
+
+    from kvcheck import compiled as C
+    if compiled:
+        C.check_build()
+    p = subprocess.run([sys.executable, "-c", MEMORY_RUN, "compiled" if compiled else "interpreted",
+                        sc.name, str(max_states or 0), str(max_seconds or 0)], cwd=C.ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(C.ROOT)), capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"the run failed: {p.stderr.strip()[-600:]}")
+    d = json.loads(p.stdout)
+    mb = 1 << 20
+    out(f"{sc.name} ({'compiled' if d['compiled'] else 'interpreted'}): {d['states']:,} states, "
+        f"{d['transitions']:,} transitions, {d['cpu_s']:.1f} CPU-s ({d['states'] / d['cpu_s']:,.0f} "
+        f"states/CPU-s), wall {d['wall_s']:.1f} s, load average {d['load'][0]:.1f} -> "
+        f"{d['load'][1]:.1f}; stopped: {d['stopped']}; violations: {d['violations'] or 'none'}")
+    out(f"  levels {d['levels']} (complete to depth {d['complete_depth']})")
+    w = d["windows"]
+    out("  states/CPU-s by 15 s window (the last one: to the search's return, the frontier "
+        "freed): " + ", ".join(
+        f"{(b[1] - a[1]) / max(b[0] - a[0], 1e-9):,.0f}@{b[1] // 1000}k" for a, b in zip(w, w[1:])
+        if b[0] - a[0] > 1))
+    n, fb = d["frontier_bytes"]
+    out(f"  peak RSS {d['peak_rss'] / mb:,.0f} MiB (at start {d['rss0'] / mb:,.0f} MiB): "
+        f"{(d['peak_rss'] - d['rss0']) / d['states']:,.0f} bytes per distinct state; visited set "
+        f"{d['visited_bytes']:,.0f} bytes per state; a frontier state {fb:,.0f} bytes (the "
+        f"{n:,} states of one level, shared entities counted once)")
+    out(f"  a million states at this rate: {1e6 * d['cpu_s'] / d['states']:,.0f} CPU-s")
+    return d
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_explore")
     ap.add_argument("--preset", default="bench")
@@ -246,10 +334,18 @@ def main(argv=None) -> int:
     ap.add_argument("--compiled", action="store_true", help="with --against: Cython builds")
     ap.add_argument("--all-scopes", action="store_true",
                     help="with --against: every scope of the preset (e.g. check: make check's)")
+    ap.add_argument("--memory", action="store_true",
+                    help="one search in a fresh process: CPU seconds, peak RSS, bytes per state "
+                         "(with --compiled: the Cython build; bounded by the two flags below)")
+    ap.add_argument("--max-states", type=int)
+    ap.add_argument("--max-seconds", type=float)
     args = ap.parse_args(argv)
     sc = E.PRESETS[args.preset][0]
     if args.max_depth is not None:
         sc = replace(sc, max_depth=args.max_depth)
+    if args.memory:
+        memory_run(sc, args.max_states, args.max_seconds, args.compiled)
+        return 0
     if args.against:
         scopes = [sc] if not args.all_scopes else [
             replace(x, max_depth=args.max_depth) if args.max_depth is not None else x

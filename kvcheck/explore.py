@@ -341,10 +341,15 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         r = reqs[rid]
         req_key.append((rid_l[rid], sid_l.get(r.session), rsig[rid], rl(r.row),
                         anchor(r.last_node, r.locked)))
-    slot_key = tuple(
-        (sid_l[sid], rl(t.row), t.committed, t.allocated, t.protected, anchor(t.last_node, True))
-        for sid, t in (sorted(slots.items(), key=lambda x: sid_l[x[0]]) if len(slots) > 1
-                       else slots.items()))
+    # loops, not generator expressions, where rl and anchor are called: a closure that a
+    # generator captures is held by the scope it closes over in the Cython build (one
+    # scope object per function), a reference cycle per call that the paused collector
+    # never frees (tests/test_compiled.py counts them)
+    slot_key = []
+    for sid, t in (sorted(slots.items(), key=lambda x: sid_l[x[0]]) if len(slots) > 1
+                   else slots.items()):
+        slot_key.append((sid_l[sid], rl(t.row), t.committed, t.allocated, t.protected,
+                         anchor(t.last_node, True)))
     sess_key = tuple(
         (sid_l[sid], None if x.inflight_rid is None else rid_l.get(x.inflight_rid, ("dead",)),
          x.checkpoint, x.close_pending)
@@ -360,7 +365,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         free_key = tuple(s.free_pages)
         content_key = tuple(sorted(content.items()))
         free_rows = tuple(s.free_rows)
-    key = (node_key, tuple(req_key), slot_key, sess_key, tuple(row_keys), content_key,
+    key = (node_key, tuple(req_key), tuple(slot_key), sess_key, tuple(row_keys), content_key,
            free_key, free_rows, s.evictable_size, s.protected_size)
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
 
@@ -410,15 +415,6 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
                         for f, w in sorted(s.full_to_swa_index_mapping.items(),
                                            key=lambda x: repr(pages.get(x[0], ("id", x[0]))))))
     mamba = {-1: -1}
-
-    def ml(holder):
-        return tuple(mamba.setdefault(m, len(mamba)) for m in
-                     (() if holder.mamba_pool_idx is None else (holder.mamba_pool_idx,))
-                     + tuple(holder.mamba_ping_pong_track_buffer or ()))
-
-    def uuid(a):
-        return None if a is None else _path_of(s, a[1])
-
     tree = ()
     if s.cfg.mamba_tree:                # per node: its state (labelled first), Mamba lock, LRU rank
         held = sorted((n.path, n) for n in dict.values(s.nodes) if n.mamba_value is not None
@@ -431,13 +427,27 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
         live = sorted((n.path, n.swa_tick) for n in dict.values(s.nodes) if n.id and swa_tokens(s, n))
         srank = {t: i for i, t in enumerate(sorted({t for _, t in live}))}
         tree += tuple((pth, srank[t]) for pth, t in live)
-    reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx, uuid(r.swa_uuid_for_lock),
-                  ml(r), r.swa_evict_floor, r.swa_branching_seqlen)
-                 for rid, r in sorted(s.reqs.items(), key=lambda x: rid_l[x[0]]))
-    slots = tuple((sid_l[sid], t.swa_evicted_seqlen, uuid(t.swa_uuid_for_lock), ml(t), t.swa_evict_floor)
-                  for sid, t in sorted(s.slots.items(), key=lambda x: sid_l[x[0]]))
+    reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx,
+                  _uuid_path(s, r.swa_uuid_for_lock), _mamba_labels(r, mamba), r.swa_evict_floor,
+                  r.swa_branching_seqlen)
+                 for rid, r in sorted(dict.items(s.reqs), key=lambda x: rid_l[x[0]]))
+    slots = tuple((sid_l[sid], t.swa_evicted_seqlen, _uuid_path(s, t.swa_uuid_for_lock),
+                   _mamba_labels(t, mamba), t.swa_evict_floor)
+                  for sid, t in sorted(dict.items(s.slots), key=lambda x: sid_l[x[0]]))
     return (smap, len(s.swa_free_pages), reqs, slots, len(s.mamba_free_slots),
             s.forward_iter % s.cfg.swa_eviction_interval) + ((tree,) if tree else ())
+
+
+def _mamba_labels(holder, mamba: dict) -> tuple:
+    """A request's or slot's Mamba slots (pool index, then track buffer), labelled by first
+    appearance in `mamba` (module level, not a closure: see state_key's loops)."""
+    return tuple(mamba.setdefault(m, len(mamba)) for m in
+                 (() if holder.mamba_pool_idx is None else (holder.mamba_pool_idx,))
+                 + tuple(holder.mamba_ping_pong_track_buffer or ()))
+
+
+def _uuid_path(s: State, a) -> Optional[tuple]:
+    return None if a is None else _path_of(s, a[1])
 
 
 def _path_of(s: State, nid: int) -> tuple:
