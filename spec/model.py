@@ -658,6 +658,34 @@ def _aliases_arrays(s: State) -> bool:
     return accepts(s, "U1") or accepts(s, "U2")
 
 
+def unmodelled_consequence(s: State, op) -> Optional[str]:
+    """Under an accepted finding, an operation past which the spec no longer follows
+    upstream although none of its invariants says so: the id of the open divergence
+    (docs/upstream-findings.md) or None. The checker stops comparing there and counts the
+    stop (`kvcheck.checker.Beyond`), as it does past an invariant the accepted findings
+    do not cover.
+
+    O2: with U1/U2's in-place token arrays (`_aliases_arrays`), upstream's
+    `_share_token_arrays` also hands the new turn `full_untruncated_fill_ids`, trimmed to
+    `committed_fill_len`, which `_refresh_fill_ids` later extends by a length rule only
+    and which the match, the extend's forward and an unfinished insert are keyed by; the
+    spec keeps one array per request (origin + output). A later turn's `create_req`
+    rewrites the shared prompt of an earlier live turn but not that turn's fill array, so
+    from the (re-)prefill of a request whose array another live turn shares and which is
+    not its session's in-flight turn (the newest, whose fill `create_req` built), the two
+    may part (node keys, KV)."""
+    if not _aliases_arrays(s) or not isinstance(op, (O.Schedule, O.PrefillChunk)):
+        return None
+    req = dict.get(s.reqs, op.rid)
+    if req is None or req.array_of is None:
+        return None
+    sess = dict.get(s.sessions, req.session) if req.session is not None else None
+    if sess is not None and sess.inflight_rid == op.rid:
+        return None
+    shared = any(r.array_of == req.array_of for rid, r in dict.items(s.reqs) if rid != op.rid)
+    return "O2" if shared else None
+
+
 def _free_kv_aligned(s: State, row: int, target: int, end: int, holder=None) -> None:
     """Free row[ceil_align(target):end): the partial page stays attached."""
     r = s.rows[row]

@@ -154,9 +154,14 @@ def test_shadow_records_the_extend_forward_input_and_o2_double_insert(capsys):
     path = ROOT / "stateful_tests/upstream/open-stale-fill-ids-sglang-0.5.15.json"
     tr = load(path)
     b = make_backend(tr.config, "0.5.15")
-    f = run_ops(tr.config, tr.ops, b, backend_name=b.name).failure
+    f = run_ops(tr.config, tr.ops, b, backend_name=b.name, stop_unmodelled=False).failure
     assert (f.id, f.step, f.side) == ("I26", 25, "sglang-0.5.15")
     assert [v.owner for v in f.violations] == ["req 14"]
+    # a run stops comparing before it (spec.model.unmodelled_consequence: at the first
+    # re-prefill of an earlier turn whose prompt a later turn rewrote), counted as beyond
+    r = run_ops(tr.config, tr.ops, make_backend(tr.config, "0.5.15"), backend_name=b.name)
+    assert r.failure is None and r.beyond.reason == "O2" and r.beyond.step <= 25
+    assert r.beyond.op.name == "schedule"
     assert main(["--version", "0.5.15", "--past-failure", str(path)]) == 0
     out = capsys.readouterr().out
     assert "step  26 finish(rid=14) -> ok: I1, I2, I26" in out and "page owned 2 times" in out
