@@ -43,6 +43,9 @@ FAULTS: dict[str, str] = {
         "mid-abort releases the slot without slot.kv_allocated_len = max(slot, req): the turn's tail leaks",
     "session_held_counts_borrowed":
         "#22213: session_held_tokens ignores active_pool_idxs, so a borrowed slot is counted twice while busy",
+    "session_held_req_count_counts_borrowed":
+        "session_held_req_count ignores active_pool_idxs (#22213's row side): a borrowed slot's row "
+        "is counted twice while busy (L2)",
     "cache_unfinished_no_row_rewrite":
         "cache_unfinished_req frees the duplicates but does not point the row at the tree's copies",
     "evict_ignores_lock":

@@ -363,6 +363,8 @@ class StreamingSession:
         return total
 
     def session_held_req_count(self, active_pool_idxs: Optional[set] = None) -> int:
+        if "session_held_req_count_counts_borrowed" in faults.ACTIVE:
+            active_pool_idxs = None
         return sum(1 for s in self.slots.values()
                    if s.is_holding_kv and not (active_pool_idxs is not None and s.req_pool_idx in active_pool_idxs))
 
