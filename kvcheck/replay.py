@@ -60,11 +60,8 @@ def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
     factory, bname = resolve(backend_name)
     backend = factory(trace.config) if factory else None
     try:
-        # a trace that expects a failure records the comparison past an accepted finding's
-        # unmodelled consequence too (an open divergence); one that expects a pass stops
-        # there as runs do
         lock = Lockstep(trace.config, backend, bname,
-                        stop_unmodelled=trace.expect.result == "pass")
+                        stop_unmodelled=trace.expect.stop_unmodelled)
         res = ReplayResult(0, None, [], backend_name=bname,
                            initial=(lock.prev, backend.abstract() if backend is not None else None))
         for op in trace.ops:
