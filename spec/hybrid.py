@@ -179,10 +179,12 @@ def swa_refresh(s: State, nid: int) -> None:
 
 
 def swa_evict_victim(s: State, order):
-    """Borrow era `SWAComponent._evict_device_next_node` (`swa.py` l.754-841): the least
-    recent node (by `order`) holding SWA KV and not SWA-locked, or None. The caller deletes
-    it whole when it is an unlocked leaf (`evict_device_leaf`), else frees only its SWA KV
-    (an SWA tombstone; its tombstoned ancestors stay: only the FULL value decides)."""
+    """The next node of an SWA eviction walk: the least recent (by `order`) node holding SWA
+    KV (not tombstoned) and not SWA-locked, or None. Wrapper era `SWARadixCache.evict`'s
+    SWA loop orders by (tick, path); borrow era `SWAComponent._evict_device_next_node`
+    (`swa.py` l.754-841) by the SWA component's own LRU. The caller deletes it whole when
+    it is an unlocked leaf (`evict_device_leaf`), else frees only its SWA KV (an SWA
+    tombstone)."""
     locked = swa_locked_nodes(s)
     cands = [n for n in dict.values(s.nodes)
              if n.id != 0 and n.id not in locked and swa_tokens(s, n)]

@@ -328,6 +328,12 @@ def evictable_leaves(s: State) -> list:
             if n.id != ROOT and not n.children and n.lock_ref == 0]
 
 
+def lru_leaf(s: State) -> Optional[Node]:
+    """The leaf `evict` pops next: the least recent evictable leaf by (tick, path), or None."""
+    leaves = evictable_leaves(s)
+    return min(leaves, key=lambda n: (n.tick, node_path(s, n.id))) if leaves else None
+
+
 def evict(s: State, num_tokens: int) -> int:
     """`RadixCache.evict`: unlocked childless leaves in (tick, path) order."""
     return _evict_full(s, num_tokens)[0]
@@ -339,10 +345,9 @@ def _evict_full(s: State, num_tokens: int) -> tuple:
     the leaf (`_iteratively_delete_tombstone_leaf`), counted as full tokens only."""
     evicted = swa = 0
     while evicted < num_tokens:
-        leaves = evictable_leaves(s)
-        if not leaves:
+        leaf = lru_leaf(s)
+        if leaf is None:
             break
-        leaf = min(leaves, key=lambda n: (n.tick, node_path(s, n.id)))
         swa += 0 if hybrid.swa_tombstoned(s, leaf) else len(leaf.key)
         evicted += _delete_node(s, leaf)
         evicted += _delete_tombstone_parents(s, leaf)
@@ -385,17 +390,21 @@ def _evict_swa(s: State, num_tokens: int) -> None:
     childless."""
     evicted = 0
     while evicted < num_tokens:
-        locked = hybrid.swa_locked_nodes(s)
-        cands = [n for n in dict.values(s.nodes) if n.id != ROOT and n.id not in locked
-                 and not hybrid.swa_tombstoned(s, n)]
-        if not cands:
+        x = hybrid.swa_evict_victim(s, lambda n: (n.tick, node_path(s, n.id)))
+        if x is None:
             return
-        x = min(cands, key=lambda n: (n.tick, node_path(s, n.id)))
         evicted += len(x.key)
-        if x.children or x.lock_ref > 0:
-            hybrid.free_swa(s, x.pages)
-            continue
-        x = s.nodes[x.id]
+        _evict_swa_node(s, x)
+
+
+def _evict_swa_node(s: State, x: Node) -> None:
+    """One step of an SWA eviction walk (both eras): an internal node or a full-locked
+    leaf is tombstoned (`free_swa`: its SWA KV goes, its full KV stays), an unlocked leaf
+    is deleted, with the tombstoned parents it leaves childless (wrapper era; 0.5.23 keeps
+    them: only the FULL value decides, `_delete_tombstone_parents` takes none there)."""
+    if x.children or x.lock_ref > 0:
+        hybrid.free_swa(s, x.pages)
+    else:
         _delete_node(s, x)
         _delete_tombstone_parents(s, x)
 
@@ -461,16 +470,15 @@ def evict_for_alloc_swa(s: State, n: int) -> None:
     l.952-1027): the FULL walk deletes unlocked leaves, least recent first, until the full
     pool has n free; then, while the SWA pool has fewer than n free and the SWA tokens
     freed so far (the FULL walk's leaves counted) are below its shortfall, the SWA walk
-    (`hybrid.swa_evict_step`)."""
+    over the SWA component's LRU (`hybrid.swa_evict_victim`, `_evict_swa_node`)."""
     P = s.cfg.page_size
     full_short = max(0, n - len(s.free_pages) * P)
     swa_short = max(0, n - hybrid.swa_available_size(s))
     swa_freed = 0
     while full_short and len(s.free_pages) * P < n:
-        leaves = evictable_leaves(s)
-        if not leaves:
+        leaf = lru_leaf(s)
+        if leaf is None:
             break
-        leaf = min(leaves, key=lambda x: (x.tick, node_path(s, x.id)))
         swa_freed += hybrid.swa_tokens(s, leaf)
         _delete_node(s, leaf)
     while swa_short and swa_freed < swa_short and hybrid.swa_available_size(s) < n:
@@ -478,10 +486,7 @@ def evict_for_alloc_swa(s: State, n: int) -> None:
         if x is None:
             return
         swa_freed += hybrid.swa_tokens(s, x)
-        if not x.children and x.lock_ref == 0:
-            _delete_node(s, x)
-        else:
-            hybrid.free_swa(s, x.pages)
+        _evict_swa_node(s, x)
 
 
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
