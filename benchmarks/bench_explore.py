@@ -25,6 +25,7 @@ import gc
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from kvcheck import explore as E
 from kvcheck.fast_invariants import state_clean
@@ -129,10 +130,7 @@ BEFORE_RUN = COMPILED_RUN.replace("from kvcheck.compiled import activate, is_com
 def before_run(sc, commit: str = BEFORE):
     """The explorer of `commit` (interpreted) on the same scope, in a subprocess:
     (states, transitions, cpu s), or the reason it could not run."""
-    import json
-    import os
     import subprocess
-    import sys
     import tempfile
 
     from kvcheck import compiled
@@ -142,33 +140,21 @@ def before_run(sc, commit: str = BEFORE):
         if arch.returncode != 0:
             return f"git archive {commit} failed: {arch.stderr.decode().strip()[-200:]}"
         subprocess.run(["tar", "-x", "-C", tmp], input=arch.stdout, check=True)
-        p = subprocess.run([sys.executable, "-c", BEFORE_RUN, sc.name, str(sc.max_depth)],
-                           cwd=tmp, capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=tmp))
-    if p.returncode != 0:
-        return f"the run of {commit} failed: {p.stderr.strip()[-300:]}"
-    d = json.loads(p.stdout)
-    return d["states"], d["transitions"], d["cpu_s"]
+        try:
+            return _rate_in(Path(tmp), sc, compiled=False)
+        except RuntimeError as e:
+            return f"{commit}: {e}"
 
 
 def compiled_run(sc):
     """The new explorer on the Cython build (kvcheck/compiled.py) in a subprocess:
     (states, transitions, cpu s), or the reason there is no usable build."""
-    import json
-    import subprocess
-    import sys
-
     from kvcheck import compiled
     try:
         compiled.check_build()
-    except compiled.NotBuilt as e:
+        return _rate_in(compiled.ROOT, sc, compiled=True)
+    except (compiled.NotBuilt, RuntimeError) as e:
         return str(e)
-    p = subprocess.run([sys.executable, "-c", COMPILED_RUN, sc.name, str(sc.max_depth)],
-                       cwd=compiled.ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        return f"the compiled run failed: {p.stderr.strip()[-300:]}"
-    d = json.loads(p.stdout)
-    return d["states"], d["transitions"], d["cpu_s"]
 
 
 def _rate_in(tree, sc, compiled: bool) -> tuple:
