@@ -35,6 +35,7 @@ from typing import Callable, Optional
 
 from kvcheck import argtypes as T
 from kvcheck.errors import ROOT as PROJECT
+from spec import hybrid as H
 from spec import model as M
 from spec import ops as O
 from spec.config import ERAS, Config, ConfigError
@@ -422,9 +423,9 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
         mrank = {t: i for i, t in enumerate(sorted({n.mamba_tick for _, n in held}))}
         tree = tuple((pth, None if n.mamba_value is None else mamba.setdefault(n.mamba_value, len(mamba)),
                       n.mamba_lock_ref, mrank[n.mamba_tick]) for pth, n in held)
-    if s.cfg.swa_window and s.cfg.era == "borrow":     # 0.5.23's SWA LRU: each SWA holder's rank
-        from spec.hybrid import swa_tokens
-        live = sorted((n.path, n.swa_tick) for n in dict.values(s.nodes) if n.id and swa_tokens(s, n))
+    if H.swa_lru_on(s):         # 0.5.23's SWA LRU: each SWA holder's rank
+        live = sorted((n.path, n.swa_tick) for n in dict.values(s.nodes)
+                      if n.id and H.swa_tokens(s, n))
         srank = {t: i for i, t in enumerate(sorted({t for _, t in live}))}
         tree += tuple((pth, srank[t]) for pth, t in live)
     reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx,
