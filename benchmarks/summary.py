@@ -34,7 +34,7 @@ def explore_rows(quick: bool) -> list:
 
     from benchmarks.bench_explore import compare
     from kvcheck import explore as E
-    sc = E.PRESETS["check"][0]
+    sc = E.PRESETS["bench"][0]
     if quick:
         sc = replace(sc, max_depth=6)
     r = compare(sc)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from kvcheck.errors import REGRESSIONS, UPSTREAM
 from kvcheck.replay import replay_trace
@@ -134,91 +135,242 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
                          f"engine, {what}{cov}{stopped}")
 
 
-def cmd_check(args) -> int:
-    from kvcheck.engines import DEFAULT_ENGINE
+# ---------------------------------------------------------------------------
+# the parts: module-level functions of picklable arguments, so that each runs inline or in
+# a worker process (`--jobs`); each returns (ok, detail, cases), its output on stdout
+# ---------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Part:
+    name: str
+    fn: Callable
+    args: tuple = ()
+
+
+@dataclass
+class PartResult:
+    name: str
+    ok: bool
+    seconds: float
+    detail: str
+    cases: list = field(default_factory=list)     # ciformat.Case per replayed trace
+    output: str = ""                              # captured stdout (worker processes)
+    extra: dict = field(default_factory=dict)     # e.g. the differential run's beyond
+
+
+def _trace_case(part: str, cases: list):
+    from kvcheck.ciformat import Case
+
+    def record(f, ok, text, seconds):
+        cases.append(Case(part, Path(f).stem, ok, seconds, text, str(f)))
+    return record
+
+
+def corpus_part(name: str, corpus_paths: tuple, backend: str):
+    cases: list = []
+    files = _corpus(corpus_paths)
+    bad = check_corpus(corpus_paths, backend, record=_trace_case(name, cases))
+    return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected", cases
+
+
+def planted_part(name: str):
+    from kvcheck.trace import load
+    cases: list = []
+    record = _trace_case(name, cases)
+    files = sorted((REGRESSIONS / "planted").glob("*.json"))
+    bad = []
+    for f in files:
+        t0 = time.monotonic()
+        verdict, text = planted_verdict(load(f))
+        if verdict != "caught":
+            bad.append(f"{f.stem} ({verdict})")
+            print(f"   {verdict.upper()} {f.stem}: {text}", flush=True)
+        record(f, verdict == "caught", "" if verdict == "caught" else f"{verdict}: {text}",
+               time.monotonic() - t0)
+    return not bad, (f"{len(files) - len(bad)}/{len(files)} planted-fault traces still caught"
+                     + (f"; NOT AS RECORDED: {bad}" if bad else "")), cases
+
+
+def differential_job(name: str, backend: str, out, examples: int, engine: str, accept: tuple):
+    beyond: dict = {}
+    ok, detail = differential_part(backend, out, examples, engine, accept, beyond)
+    return ok, detail, [], {"beyond": beyond}
+
+
+CHECK_PRESET = "check"
+"""The exploration preset `kvcheck check` runs, one part per scope."""
+
+
+def explore_part(name: str, preset: str, scope: str, out: Path):
+    """One scope of a preset, explored as `kvcheck explore --preset P --scope S` does."""
+    from kvcheck import explore as X
+    p = argparse.ArgumentParser()
+    X.add_arguments(p)
+    ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore")])
+    rc, results, traces = X.run_scope(X.scopes_from_args(ns)[0], ns)
+    res = results[0]
+    detail = (f"{res.states:,} distinct states, {res.transitions:,} transitions, every state "
+              f"within {res.max_depth} steps")
+    for v in res.violations:
+        detail += f"; VIOLATION {v.id} at step {v.depth - 1}: {v.message}"
+    detail += "".join(f"\n   trace: {t}\n   replay: kvcheck replay {t}" for t in traces)
+    goals = {"missed": X.missed(res), "reached": sorted({*res.op_first, *res.reached})}
+    return rc == 0, detail, [], {"goals": goals}
+
+
+def unreached_goals(goals: list) -> list:
+    """The reachability goals (operations, situations) that some scope of the preset could
+    reach but none did: a goal one scope misses and another reaches is covered."""
+    reached = {g for x in goals for g in x["reached"]}
+    return sorted({g for x in goals for g in x["missed"]} - reached)
+
+
+def proofs_part(name: str, out: Optional[Path]):
+    import proofs
+    from proofs.cache import cache_at
+    res = proofs.run_all(verbose=False, cache=cache_at(out))
+    print(proofs.report(res))
+    reused = sum(r.cached for r in res)
+    return proofs.ok(res), (f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
+                            + (f" ({reused} reused: covered sources unchanged; --no-cache "
+                               "reruns them)" if reused else "")), []
+
+
+def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
+    """One part, timed; an exception is the part's failure, not the run's (the other parts
+    go on). `capture`: its stdout is kept in the result (a worker process) instead of
+    printed as it comes. `planted`: impl/ faults switched on in the driver, which a worker
+    process does not inherit."""
+    import contextlib
+    import io
+
+    from impl import faults
+    buf = io.StringIO()
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(buf) if capture else contextlib.nullcontext(), \
+            faults.planted(*planted):
+        try:
+            ok, detail, cases, *extra = part.fn(part.name, *part.args)
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # report, keep going with the other parts
+            ok, detail, cases, extra = False, f"{type(e).__name__}: {e}", [], []
+    return PartResult(part.name, ok, time.monotonic() - t0, detail, cases, buf.getvalue(),
+                      extra[0] if extra else {})
+
+
+def _worker_setup() -> None:
+    """A check worker: one thread for torch (imported later, by the parts that need it),
+    so that N workers use N cores."""
+    import os
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def run_parts(parts: list, jobs: int, show) -> list:
+    """Every part, in `jobs` processes (1: inline, each part's output as it comes). Parts
+    are handed out in list order (the longest first), and each is shown by `show(result)`
+    as it finishes; the results come back in list order whatever the finishing order.
+    Ctrl-C stops the workers and raises KeyboardInterrupt after what had finished."""
+    if jobs <= 1 or len(parts) <= 1:
+        out = []
+        for p in parts:
+            print(f"== {p.name}", flush=True)
+            out.append(run_part(p, capture=False))
+            show(out[-1])
+        return out
+    from impl import faults
+    from kvcheck.procs import WorkerPool
+    pool = WorkerPool(min(jobs, len(parts)), setup=_worker_setup)
+    done: dict = {}
+    try:
+        planted = tuple(sorted(faults.ACTIVE))
+        pending = {pool.submit(run_part, p, True, planted): i for i, p in enumerate(parts)}
+        while pending:
+            fin, _ = pool.wait(list(pending), timeout=1.0)
+            for f in fin:
+                i = pending.pop(f)
+                done[i] = f.result()
+                print(f"== {parts[i].name}", flush=True)
+                print(done[i].output, end="", flush=True)
+                show(done[i])
+    finally:
+        pool.shutdown()
+    return [done[i] for i in range(len(parts))]
+
+
+def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
+    """`kvcheck check`'s parts, the longest first (the order they are handed to workers)."""
+    from kvcheck import explore as X
+    from kvcheck.engines import DEFAULT_ENGINE
+    engine = getattr(args, "engine", DEFAULT_ENGINE)
+    parts = []
+    if not args.skip_proofs:    # first: about 20 s when its cache is cold, instant when warm
+        no_cache = getattr(args, "no_cache", False)
+        parts.append(Part("proofs", proofs_part, (None if no_cache else Path(args.out),)))
+    if not args.skip_explore:
+        parts += [Part(f"exhaustive exploration: {sc.name}", explore_part,
+                       (CHECK_PRESET, sc.name, Path(args.out)))
+                  for sc in X.PRESETS[CHECK_PRESET]]
+    parts.append(Part(f"differential state machine ({args.examples} sequences)", differential_job,
+                      (args.backend, args.out, args.examples, engine, accept)))
+    parts.append(Part("regression corpus (DOMAIN.md scenarios and found failures)", corpus_part,
+                      (tuple(corpus_paths), args.backend)))
+    if args.backend == "impl":
+        parts.append(Part("checker self-test corpus (planted faults in impl/)", planted_part))
+    return parts
+
+
+REPORT_ORDER = ("regression corpus", "checker self-test", "differential", "exhaustive", "proofs")
+"""The order parts are reported in (the summary, --json, --junit-xml): as before `--jobs`."""
+
+
+def _report_rank(name: str) -> int:
+    return next(i for i, p in enumerate(REPORT_ORDER) if name.startswith(p))
+
+
+def cmd_check(args) -> int:
     from kvcheck.backends import parse_accept
     from kvcheck.ciformat import Case, write_reports
+    from kvcheck.engines import DEFAULT_ENGINE
+    from kvcheck.procs import usable_cores
     accept = parse_accept(args.accept, args.backend)       # a usage error: exit 2, no work
-    results, cases, current = [], [], ["parts"]
-    beyond: dict = {}           # the differential run's stops beyond --accept's model
     corpus_paths = [REGRESSIONS]
     if args.backend.startswith("sglang:"):
         corpus_paths += sorted(UPSTREAM.glob(f"*-sglang-{args.backend.split(':', 1)[1]}.json"))
     load_corpus(corpus_paths + [REGRESSIONS / "planted"])
+    parts = check_parts(args, corpus_paths, accept)
+    jobs = args.jobs or usable_cores()
+    if jobs > 1:
+        print(f"kvcheck check: {len(parts)} parts in {min(jobs, len(parts))} processes "
+              "(--jobs 1: one at a time); each part is shown when it finishes", flush=True)
 
-    def record(f, ok, text, seconds):
-        cases.append(Case(current[0], Path(f).stem, ok, seconds, text, str(f)))
+    def show(r: PartResult) -> None:
+        print(f"   {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) {r.detail}", flush=True)
 
-    def part(name, fn):
-        current[0] = name
-        t0 = time.monotonic()
-        print(f"== {name}", flush=True)
-        try:
-            ok, detail = fn()
-        except Exception as e:  # report, keep going with the other parts
-            ok, detail = False, f"{type(e).__name__}: {e}"
-        dt = time.monotonic() - t0
-        results.append((name, ok, dt, detail))
-        cases.append(Case.part(name, ok, dt, detail))
-        print(f"   {'ok' if ok else 'FAILED'} ({dt:.1f} s) {detail}", flush=True)
-
-    def corpus():
-        files = _corpus(corpus_paths)
-        bad = check_corpus(corpus_paths, args.backend, record=record)
-        return not bad, f"{len(files) - len(bad)}/{len(files)} regression traces as expected"
-
-    def differential():
-        return differential_part(args.backend, args.out, args.examples,
-                                 getattr(args, "engine", DEFAULT_ENGINE), accept, beyond)
-
-    def explore():
-        from kvcheck import explore as X
-        ns = argparse.Namespace()
-        p = argparse.ArgumentParser()
-        X.add_arguments(p)
-        ns = p.parse_args(["--preset", "check"])
-        rc = X.main(ns)
-        return rc == 0, "bounded exhaustive exploration, preset 'check'"
-
-    def prove():
-        import proofs
-        from proofs.cache import cache_at
-        no_cache = getattr(args, "no_cache", False)
-        res = proofs.run_all(verbose=False, cache=cache_at(None if no_cache else args.out))
-        print(proofs.report(res))
-        reused = sum(r.cached for r in res)
-        return proofs.ok(res), (f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
-                                + (f" ({reused} reused: covered sources unchanged; --no-cache "
-                                   "reruns them)" if reused else ""))
-
-    def planted():
-        from kvcheck.trace import load
-        files = sorted((REGRESSIONS / "planted").glob("*.json"))
-        bad = []
-        for f in files:
-            t0 = time.monotonic()
-            verdict, text = planted_verdict(load(f))
-            if verdict != "caught":
-                bad.append(f"{f.stem} ({verdict})")
-                print(f"   {verdict.upper()} {f.stem}: {text}", flush=True)
-            record(f, verdict == "caught", "" if verdict == "caught" else f"{verdict}: {text}",
-                   time.monotonic() - t0)
-        return not bad, (f"{len(files) - len(bad)}/{len(files)} planted-fault traces still caught"
-                         + (f"; NOT AS RECORDED: {bad}" if bad else ""))
-
-    part("regression corpus (DOMAIN.md scenarios and found failures)", corpus)
-    if args.backend == "impl":
-        part("checker self-test corpus (planted faults in impl/)", planted)
-    part(f"differential state machine ({args.examples} sequences)", differential)
-    if not args.skip_explore:
-        part("exhaustive exploration", explore)
-    if not args.skip_proofs:
-        part("proofs", prove)
-    failed = [r for r in results if not r[1]]
-    total = sum(r[2] for r in results)
-    print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in {total:.1f} s")
-    write_reports(cases, total, args.junit_xml, args.json, backend=args.backend,
-                  examples=args.examples, beyond=beyond,
+    t0 = time.monotonic()
+    results = run_parts(parts, jobs, show)
+    goals = [r.extra["goals"] for r in results if "goals" in r.extra]
+    if goals:                   # a goal is met when any scope of the preset reaches it
+        gaps = unreached_goals(goals)
+        results.append(PartResult(
+            "exhaustive exploration: reachability goals", not gaps, 0.0,
+            f"NOT REACHED by any scope: {', '.join(gaps)}" if gaps else
+            f"every operation and situation that applies to a scope reached by one of the "
+            f"{len(goals)} scopes"))
+        print(f"== {results[-1].name}", flush=True)
+        show(results[-1])
+    results.sort(key=lambda r: _report_rank(r.name))
+    wall = time.monotonic() - t0
+    cases = []
+    for r in results:
+        cases += r.cases + [Case.part(r.name, r.ok, r.seconds, r.detail)]
+    failed = [r for r in results if not r.ok]
+    busy = sum(r.seconds for r in results)
+    print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in "
+          f"{wall:.1f} s" + (f" ({busy:.1f} s of parts in {min(jobs, len(parts))} processes)"
+                             if jobs > 1 else ""))
+    beyond = next((r.extra["beyond"] for r in results if "beyond" in r.extra), {})
+    write_reports(cases, wall, args.junit_xml, args.json, backend=args.backend,
+                  examples=args.examples, beyond=beyond, jobs=jobs,
                   seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
     return 1 if failed else 0

@@ -140,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where failure traces go")
     c.add_argument("--skip-explore", action="store_true", help="leave out exhaustive exploration")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
+    c.add_argument("--jobs", type=T.positive_int, default=None,
+                   help="parts run in this many processes at once, the exploration one process "
+                        "per scope (1: one part after another, output as it comes); None: one "
+                        "per usable core. Results do not depend on it")
     _no_cache_flag(c)
     c.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                    help="the differential part's fuzz engine (walk or hypothesis)")

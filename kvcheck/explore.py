@@ -132,20 +132,39 @@ and LRU, the copy-on-write at a match, the checkpoint copy, the donation at fini
 4-slot pool small enough that a checkpoint copy or an admission evicts states."""
 
 
+P1_SCOPE = _scope("p1", dict(page_size=1, num_pages=4, num_rows=2, max_context_len=16),
+                  sessions=1, plain=1, max_live=2, prompts=((2, 3),), turns=((2,), (2, 2)),
+                  max_new=(1, 2), evict=(1,), max_depth=12)
+"""Page size 1 (every token its own page: no partial page, no alignment), no overlap."""
+
+
+TWO_SESSIONS_SCOPE = _scope(
+    "two-sessions", dict(page_size=2, num_pages=5, num_rows=3, max_context_len=16, overlap=True),
+    sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+    max_new=(1, 2), evict=(2,), max_depth=12)
+"""Two sessions sharing the tree with a plain request."""
+
+
 PRESETS: dict[str, tuple] = {
-    # `make check`: three scopes (the second covers spec decode, borrow era and chunking, the
-    # third hybrid models); ~20 s + ~8 s on one core.
+    # `make check` (`kvcheck check`: one part per scope, the parts spread over the cores, the
+    # largest first): 361,548 distinct states in all, every state within the depth bound;
+    # about 95 CPU-s interpreted. Ten times the three scopes it had until December 2026
+    # (check-overlap to depth 11, check-spec-borrow to 10, check-hybrid to 9: 35,480).
     "check": (
+        replace(TWO_SESSIONS_SCOPE, name="check-two-sessions", max_depth=9),
+        replace(P1_SCOPE, name="check-p1", max_depth=11),
         _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,
                                      overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1, 2), evict=(2,), max_depth=11),
+               max_new=(1, 2), evict=(2,), max_depth=14),
+        replace(HYBRID_SCOPE, max_depth=12),
+        replace(MAMBA_TREE_SCOPE, name="check-mamba-tree", max_depth=11),
         _scope("check-spec-borrow", dict(page_size=2, num_pages=5, num_rows=2, max_context_len=16,
                                          spec_enabled=True, max_drafts=1, chunk_size=2,
                                          era="borrow"),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(2,), evict=(2,), max_depth=10),
-        HYBRID_SCOPE,
+               max_new=(2,), evict=(2,), max_depth=14),
+        replace(HYBRID_BORROW_SCOPE, name="check-hybrid-borrow", max_depth=13),
     ),
     # hybrid models (spec/hybrid.py) alone
     "hybrid": (HYBRID_SCOPE, HYBRID_BORROW_SCOPE),
@@ -158,12 +177,7 @@ PRESETS: dict[str, tuple] = {
                max_new=(2,), evict=(), max_depth=8),
     ),
     # two sessions sharing the tree with a plain request
-    "two-sessions": (
-        _scope("two-sessions", dict(page_size=2, num_pages=5, num_rows=3, max_context_len=16,
-                                    overlap=True),
-               sessions=2, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1, 2), evict=(2,), max_depth=12),
-    ),
+    "two-sessions": (TWO_SESSIONS_SCOPE,),
     # nightly (make explore-nightly): 2 sessions that can each run 3 turns, plus a plain
     # request sharing the prompt prefix; BFS as deep as a time budget allows. max_new 2:
     # the prefill samples the first token, so a request reaches decode, and with it
@@ -180,12 +194,13 @@ PRESETS: dict[str, tuple] = {
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
                max_new=(1, 2), evict=(2,), max_depth=11),
     ),
-    "p1": (
-        _scope("p1", dict(page_size=1, num_pages=4, num_rows=2, max_context_len=16),
-               sessions=1, plain=1, max_live=2, prompts=((2, 3),), turns=((2,), (2, 2)),
-               max_new=(1, 2), evict=(1,), max_depth=12),
-    ),
+    "p1": (P1_SCOPE,),
 }
+
+
+def preset_scope(preset: str, name: str) -> Scope:
+    """The scope of that name in a preset."""
+    return next(sc for sc in PRESETS[preset] if sc.name == name)
 
 
 # ---------------------------------------------------------------------------
@@ -1183,6 +1198,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="check", help=f"named scope(s): {', '.join(PRESETS)} "
                    "(default check); the flags below override its fields")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
+    p.add_argument("--scope", action="append", metavar="NAME",
+                   help="only this scope of the preset (repeatable; `--list-presets` names them)")
     g = p.add_argument_group("scope")
     g.add_argument("--page-size", type=T.positive_int, help="page_size")
     g.add_argument("--pages", type=T.positive_int, help="num_pages")
@@ -1226,8 +1243,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def scopes_from_args(args) -> list:
     if args.preset not in PRESETS:
         raise ValueError(f"unknown preset {args.preset!r}; known: {', '.join(PRESETS)}")
+    chosen = PRESETS[args.preset]
+    only = getattr(args, "scope", None)
+    if only:
+        names = [sc.name for sc in chosen]
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise ValueError(f"preset {args.preset!r} has no scope {', '.join(map(repr, unknown))}; "
+                             f"its scopes: {', '.join(names)}")
+        chosen = [sc for sc in chosen if sc.name in only]
     out = []
-    for sc in PRESETS[args.preset]:
+    for sc in chosen:
         ckw = {}
         for flag, f in (("page_size", "page_size"), ("pages", "num_pages"), ("rows", "num_rows"),
                         ("context", "max_context_len"), ("spec_enabled", "spec_enabled"),
@@ -1277,40 +1303,49 @@ def main(args) -> int:
         print(f"kvcheck explore: error: {e}", file=sys.stderr)
         return 2
     rc = 0
-    prog = None if getattr(args, "quiet", False) else _progress
     for sc in scopes:
-        kw = dict(all_violations=args.all_violations, max_states=args.max_states,
-                  max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
-        runs = [True, False] if args.compare else [not args.no_symmetry]
-        results = []
-        for sym in runs:
-            res = explore(sc, symmetric=sym, **kw)
-            results.append(res)
-            report(res)
-            sys.stdout.flush()
-            for v in res.violations:
-                path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
-                to_trace(res, v).save(path)
-                print(f"  trace: {path}  (replay: kvcheck replay {path})")
-                from kvcheck.html_report import write_html_report
-                print(f"  report: {write_html_report(path, backend='spec')}")
-            if res.violations:
-                rc = 1
-            gaps = missed(res)
-            if gaps and args.strict_coverage and rc == 0:
-                print(f"  coverage goals missed: {', '.join(gaps)}")
-                rc = 1
-            print()
-        if args.compare:
-            a, b = results
-            ids = lambda r: sorted((v.id, v.depth) for v in r.violations)
-            same = ids(a) == ids(b)
-            print(f"symmetry comparison ({sc.name}): reduced {a.states} states / {a.transitions} "
-                  f"transitions in {a.seconds:.1f} s; unreduced {b.states} / {b.transitions} in "
-                  f"{b.seconds:.1f} s; ratio {b.states / max(a.states, 1):.2f}x; violations "
-                  f"{ids(a)} vs {ids(b)}: {'same' if same else 'DIFFERENT'}")
-            print()
+        rc = max(rc, run_scope(sc, args)[0])
     return rc
+
+
+def run_scope(sc: Scope, args) -> tuple:
+    """Explore one scope as `kvcheck explore` does (report on stdout, a trace and an HTML
+    report per violation under args.out): (exit code, results, trace paths)."""
+    from kvcheck.html_report import write_html_report
+    rc, traces = 0, []
+    prog = None if getattr(args, "quiet", False) else _progress
+    kw = dict(all_violations=args.all_violations, max_states=args.max_states,
+              max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
+    runs = [True, False] if args.compare else [not args.no_symmetry]
+    results = []
+    for sym in runs:
+        res = explore(sc, symmetric=sym, **kw)
+        results.append(res)
+        report(res)
+        sys.stdout.flush()
+        for v in res.violations:
+            path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
+            to_trace(res, v).save(path)
+            traces.append(path)
+            print(f"  trace: {path}  (replay: kvcheck replay {path})")
+            print(f"  report: {write_html_report(path, backend='spec')}")
+        if res.violations:
+            rc = 1
+        gaps = missed(res)
+        if gaps and args.strict_coverage and rc == 0:
+            print(f"  coverage goals missed: {', '.join(gaps)}")
+            rc = 1
+        print()
+    if args.compare:
+        a, b = results
+        ids = lambda r: sorted((v.id, v.depth) for v in r.violations)
+        same = ids(a) == ids(b)
+        print(f"symmetry comparison ({sc.name}): reduced {a.states} states / {a.transitions} "
+              f"transitions in {a.seconds:.1f} s; unreduced {b.states} / {b.transitions} in "
+              f"{b.seconds:.1f} s; ratio {b.states / max(a.states, 1):.2f}x; violations "
+              f"{ids(a)} vs {ids(b)}: {'same' if same else 'DIFFERENT'}")
+        print()
+    return rc, results, traces
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """kvcheck/fast_invariants.py against the reference (spec/invariants.py on spec.view.abstract):
 the same verdict on every state of a preset, and on states corrupted one field at a time
 (each corruption breaks some invariant on some state, so a fast path that stops looking
-at that field disagrees). KVCHECK_FULL_PRESETS=1 walks whole presets (check-overlap:
-26,340 states, about a minute); by default depth bounds keep this file to seconds."""
+at that field disagrees). KVCHECK_FULL_PRESETS=1 walks whole scopes (check-overlap:
+76,623 states, a few minutes); by default depth bounds keep this file to seconds."""
 from __future__ import annotations
 
 import os
@@ -28,7 +28,7 @@ def states_of(sc, depth=None):
     return E.reachable_states(sc if depth is None else replace(sc, max_depth=depth))
 
 
-CHECK_OVERLAP = E.PRESETS["check"][0]
+CHECK_OVERLAP = E.preset_scope("check", "check-overlap")
 
 
 def test_fast_path_covers_every_state_invariant():
@@ -37,7 +37,7 @@ def test_fast_path_covers_every_state_invariant():
     assert not F.applies(CHECK_OVERLAP.cfg, ids | {"I99"})  # an invariant added since
 
 
-@pytest.mark.parametrize("scope,depth", [(CHECK_OVERLAP, 6), (E.PRESETS["check"][1], 6),
+@pytest.mark.parametrize("scope,depth", [(CHECK_OVERLAP, 6), (E.preset_scope("check", "check-spec-borrow"), 6),
                                          (E.PRESETS["p1"][0], 5), (E.HYBRID_SCOPE, 7),
                                          (E.HYBRID_BORROW_SCOPE, 7), (E.MAMBA_TREE_SCOPE, 7)],
                          ids=lambda x: getattr(x, "name", x))

@@ -126,12 +126,9 @@ def _hypothesis_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
 # -- executors: where chunks run ----------------------------------------------------------
 
 def _worker_init() -> None:
-    """A worker process: the driver handles Ctrl-C for all; one torch thread each, so
-    N workers use N cores (impl/'s tensors are tiny: extra threads only contend)."""
-    import signal
-
+    """A worker process: one torch thread each, so N workers use N cores (impl/'s
+    tensors are tiny: extra threads only contend)."""
     import torch
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
 
 
@@ -153,27 +150,19 @@ class ProcessExecutor:
     """N local worker processes (`--workers N`)."""
 
     def __init__(self, workers: int) -> None:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+        from kvcheck.procs import WorkerPool
         self.workers = workers
-        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
-                                        initializer=_worker_init)
+        self.pool = WorkerPool(workers, setup=_worker_init)
 
     def submit(self, c, start, count, planted):
         return self.pool.submit(run_chunk, c, start, count, planted)
 
     def wait(self, pending, timeout: float = 0.5):
-        from concurrent.futures import FIRST_COMPLETED, wait
-        done, rest = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
-        return [f.result() for f in done], list(rest)
+        done, rest = self.pool.wait(pending, timeout)
+        return [f.result() for f in done], rest
 
     def shutdown(self):
-        procs = list((getattr(self.pool, "_processes", None) or {}).values())
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        for p in procs:             # a running chunk is not waited for
-            p.terminate()
-        for p in procs:
-            p.join(5)
+        self.pool.shutdown()
 
 
 class RayExecutor:

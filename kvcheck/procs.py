@@ -1,0 +1,53 @@
+"""Local worker processes shared by the commands that fan work out (`kvcheck fuzz
+--workers N`, `kvcheck check --jobs N`).
+
+Workers are spawned (never forked: the driver may hold torch's threads) and ignore SIGINT:
+on Ctrl-C the driver, which gets it too, stops them all (`shutdown` terminates a running
+task instead of waiting for it) and reports what had finished."""
+from __future__ import annotations
+
+import os
+import signal
+from typing import Callable, Optional
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                      # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _init(setup: Optional[Callable]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if setup is not None:
+        setup()
+
+
+class WorkerPool:
+    """N spawned worker processes; `setup` runs once in each after SIGINT is ignored."""
+
+    def __init__(self, workers: int, setup: Optional[Callable] = None) -> None:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        self.workers = workers
+        self.pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"),
+                                        initializer=_init, initargs=(setup,))
+
+    def submit(self, fn, *args):
+        return self.pool.submit(fn, *args)
+
+    def wait(self, pending, timeout: float = 0.5):
+        """(futures done, futures still pending) after at most `timeout` seconds."""
+        from concurrent.futures import FIRST_COMPLETED, wait
+        done, rest = wait(pending, timeout=timeout, return_when=FIRST_COMPLETED)
+        return list(done), list(rest)
+
+    def shutdown(self) -> None:
+        procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for p in procs:             # a running task is not waited for
+            p.terminate()
+        for p in procs:
+            p.join(5)

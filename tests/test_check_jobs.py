@@ -1,0 +1,95 @@
+"""`kvcheck check --jobs N`: the parts run in N worker processes with the same results as
+one after another; a part that raises fails alone; Ctrl-C stops every worker and exits 130."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvcheck import check as C
+from kvcheck.errors import REGRESSIONS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def boom(name):
+    raise RuntimeError(f"{name} blew up")
+
+
+def parts(tmp_path):
+    return [C.Part("exhaustive exploration: tiny", C.explore_part, ("tiny", "tiny", tmp_path)),
+            C.Part("fails", boom),
+            C.Part("regression corpus", C.corpus_part, ((REGRESSIONS,), "spec")),
+            C.Part("checker self-test corpus", C.planted_part)]
+
+
+def summary(results):
+    return [(r.name, r.ok, r.detail, [(c.name, c.ok, c.text) for c in r.cases],
+             r.extra.get("goals")) for r in results]
+
+
+def test_parts_in_two_processes_give_the_results_of_one(tmp_path):
+    shown = []
+    one = C.run_parts(parts(tmp_path), 1, shown.append)
+    two = C.run_parts(parts(tmp_path), 2, shown.append)
+    assert summary(one) == summary(two)
+    assert [r.name for r in two] == [p.name for p in parts(tmp_path)]      # list order
+    assert len(shown) == 8
+    by = {r.name: r for r in two}
+    assert not by["fails"].ok and by["fails"].detail == "RuntimeError: fails blew up"
+    assert by["regression corpus"].ok and by["checker self-test corpus"].ok
+    tiny = by["exhaustive exploration: tiny"]
+    assert tiny.ok and "distinct states" in tiny.detail and tiny.extra["goals"]["reached"]
+    assert "scope tiny:" in tiny.output          # the worker's stdout, kept for the driver
+
+
+def _children(pid: int) -> list:
+    out = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        kids = (task / "children").read_text().split()
+        out += [int(k) for k in kids]
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_an_interrupt_stops_every_worker_and_exits_130(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
+                          "--skip-proofs", "--jobs", "2", "--out", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=tmp_path)
+    first = p.stdout.readline()
+    assert "parts in 2 processes" in first, first
+    deadline = time.monotonic() + 60
+    workers: list = []
+    while len(workers) < 2 and time.monotonic() < deadline:     # the pool's processes
+        workers = [k for k in _children(p.pid)
+                   if "spawn_main" in Path(f"/proc/{k}/cmdline").read_text(errors="replace")]
+        time.sleep(0.2)
+    assert len(workers) == 2
+    time.sleep(2)                               # inside the exploration
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130, (out, err)
+    assert err.strip().splitlines()[-1] == "kvcheck check: interrupted"
+    assert "Traceback" not in err
+    time.sleep(0.5)
+    alive = [w for w in workers if Path(f"/proc/{w}").exists()
+             and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2]]
+    assert alive == []
+
+
+def test_a_fault_planted_in_the_driver_is_planted_in_every_worker(tmp_path):
+    from impl import faults
+    part = C.Part("regression corpus", C.corpus_part, ((REGRESSIONS,), "impl"))
+    clean = C.run_parts([part, part], 2, lambda r: None)
+    with faults.planted("free_tail_unaligned"):
+        one = C.run_parts([part], 1, lambda r: None)
+        two = C.run_parts([part, part], 2, lambda r: None)
+    assert all(r.ok for r in clean)
+    assert not one[0].ok and summary(two) == summary(one) * 2
