@@ -154,8 +154,11 @@ def check_rows(quick: bool) -> list:
             return [("check", f"no report (exit {p.returncode}): {p.stderr.strip()[-200:]}")]
         data = json.loads(js.read_text())
     rows = [(f"check: {part['name'][:44]}", f"{part['seconds']:.1f} s"
+             + (f" ({part['cpu_seconds']:.1f} CPU-s)" if "cpu_seconds" in part else "")
              + ("" if part["ok"] else " FAILED")) for part in data["parts"]]
-    rows.append(("check: whole run (wall, with start-up)", f"{wall:.1f} s, exit {p.returncode}"))
+    rows.append(("check: whole run (wall, with start-up)",
+                 f"{wall:.1f} s in {data.get('jobs', 1)} processes, load average "
+                 f"{os.getloadavg()[0]:.1f}, exit {p.returncode}"))
     return rows
 
 

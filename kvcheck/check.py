@@ -156,6 +156,7 @@ class PartResult:
     cases: list = field(default_factory=list)     # ciformat.Case per replayed trace
     output: str = ""                              # captured stdout (worker processes)
     extra: dict = field(default_factory=dict)     # e.g. the differential run's beyond
+    cpu: float = 0.0                              # CPU seconds of the process that ran it
 
 
 def _trace_case(part: str, cases: list):
@@ -246,7 +247,7 @@ def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
 
     from impl import faults
     buf = io.StringIO()
-    t0 = time.monotonic()
+    t0, c0 = time.monotonic(), time.process_time()
     with contextlib.redirect_stdout(buf) if capture else contextlib.nullcontext(), \
             faults.planted(*planted):
         try:
@@ -256,7 +257,7 @@ def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
         except Exception as e:  # report, keep going with the other parts
             ok, detail, cases, extra = False, f"{type(e).__name__}: {e}", [], []
     return PartResult(part.name, ok, time.monotonic() - t0, detail, cases, buf.getvalue(),
-                      extra[0] if extra else {})
+                      extra[0] if extra else {}, time.process_time() - c0)
 
 
 def _worker_setup() -> None:
@@ -363,12 +364,12 @@ def cmd_check(args) -> int:
     wall = time.monotonic() - t0
     cases = []
     for r in results:
-        cases += r.cases + [Case.part(r.name, r.ok, r.seconds, r.detail)]
+        cases += r.cases + [Case.part(r.name, r.ok, r.seconds, r.detail, cpu=r.cpu)]
     failed = [r for r in results if not r.ok]
-    busy = sum(r.seconds for r in results)
+    busy, cpu = sum(r.seconds for r in results), sum(r.cpu for r in results)
     print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in "
-          f"{wall:.1f} s" + (f" ({busy:.1f} s of parts in {min(jobs, len(parts))} processes)"
-                             if jobs > 1 else ""))
+          f"{wall:.1f} s" + (f" ({busy:.1f} s of parts, {cpu:.1f} CPU-s, in "
+                             f"{min(jobs, len(parts))} processes)" if jobs > 1 else ""))
     beyond = next((r.extra["beyond"] for r in results if "beyond" in r.extra), {})
     write_reports(cases, wall, args.junit_xml, args.json, backend=args.backend,
                   examples=args.examples, beyond=beyond, jobs=jobs,

@@ -26,10 +26,11 @@ class Case:
     text: str = ""
     file: Optional[str] = None
     traces: list = field(default_factory=list)
+    cpu: Optional[float] = None     # a part's CPU seconds (its own process's)
 
     @classmethod
-    def part(cls, name, ok, seconds, detail) -> "Case":
-        return cls("parts", name, ok, seconds, detail, traces=TRACE_LINE.findall(detail))
+    def part(cls, name, ok, seconds, detail, cpu=None) -> "Case":
+        return cls("parts", name, ok, seconds, detail, traces=TRACE_LINE.findall(detail), cpu=cpu)
 
 
 def junit_xml(cases: list, total_seconds: float) -> str:
@@ -62,8 +63,9 @@ def json_summary(cases: list, total_seconds: float, **run) -> str:
         "ok": all(c.ok for c in cases),
         "seconds": round(total_seconds, 3),
         **run,
-        "parts": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3), "detail": c.text,
-                   "traces": c.traces} for c in parts],
+        "parts": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3),
+                   **({} if c.cpu is None else {"cpu_seconds": round(c.cpu, 3)}),
+                   "detail": c.text, "traces": c.traces} for c in parts],
         "traces": [{"part": c.suite, "file": c.file, "ok": c.ok, "seconds": round(c.seconds, 3),
                     "detail": c.text} for c in cases if c.suite != "parts"],
         "failures": [asdict(c) for c in cases if not c.ok],
