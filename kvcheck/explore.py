@@ -147,7 +147,7 @@ TWO_SESSIONS_SCOPE = _scope(
 
 PRESETS: dict[str, tuple] = {
     # `make check` (`kvcheck check`: one part per scope, the parts spread over the cores, the
-    # largest first): 393,518 distinct states in all, every state within the depth bound;
+    # largest first): 378,321 distinct states in all, every state within the depth bound;
     # about 100 CPU-s interpreted. Ten times the three scopes it had until December 2026
     # (check-overlap to depth 11, check-spec-borrow to 10, check-hybrid to 9: 35,480).
     "check": (
@@ -156,13 +156,15 @@ PRESETS: dict[str, tuple] = {
                                      overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
                max_new=(1, 2), evict=(2,), max_depth=14),
-        replace(P1_SCOPE, name="check-p1", max_depth=11),
+        replace(P1_SCOPE, name="check-p1", max_depth=10),
         _scope("check-spec-borrow", dict(page_size=2, num_pages=5, num_rows=2, max_context_len=16,
                                          spec_enabled=True, max_drafts=1, chunk_size=2,
                                          era="borrow"),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
                max_new=(2,), evict=(2,), max_depth=14),
         replace(HYBRID_SCOPE, max_depth=12),
+        replace(MAMBA_TREE_SCOPE, name="check-mamba-tree", max_depth=11),
+        replace(HYBRID_BORROW_SCOPE, name="check-hybrid-borrow", max_depth=13),
         # P = 4 with two drafts of overshoot and 4-token chunks: a 5-token prompt is one
         # whole page (and chunk) and one token; turns of 3 and 1 tokens cross or fill a page
         _scope("check-p4-spec-chunk", dict(page_size=4, num_pages=4, num_rows=2,
@@ -170,8 +172,9 @@ PRESETS: dict[str, tuple] = {
                                            max_drafts=2, chunk_size=4),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3, 1, 2),),
                turns=((2, 2, 2), (2,)), max_new=(3,), evict=(4,), max_depth=13),
-        replace(MAMBA_TREE_SCOPE, name="check-mamba-tree", max_depth=11),
-        replace(HYBRID_BORROW_SCOPE, name="check-hybrid-borrow", max_depth=13),
+        # 0.5.15's MambaRadixCache (wrapper era, its era rules) with 2-token chunks
+        replace(MAMBA_TREE_SCOPE, name="check-mamba-tree-0515", max_depth=11,
+                cfg=replace(MAMBA_TREE_SCOPE.cfg, era="wrapper", chunk_size=2)),
     ),
     # hybrid models (spec/hybrid.py) alone
     "hybrid": (HYBRID_SCOPE, HYBRID_BORROW_SCOPE),

@@ -160,15 +160,14 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
 
 
 def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Config:
-    """0.5.23's Mamba tree on a Mamba-only cfg, one time in MAMBA_TREE_ONE_IN; drawn after
-    the rest of the config (as `draw_tree_off`), so every config that is not Mamba-only
-    draws as before. A wrapper-era cfg takes part only where its era was drawn (not asked
-    for), and becomes a borrow-era one, as before 0.5.15's `MambaRadixCache` was modelled
-    (the draws of every run stay as they were; the wrapper-era tree is drawn where
-    `hybrid_kinds` names "mamba-tree": the sglang:0.5.15 backend, tests). Drawn on borrow-era
-    Mamba-only configs alone (one config in 72) it came up in one sequence of the 300 of
-    `kvcheck coverage`; with both eras it is about one config in 18, and wrapper-era
-    Mamba-only configs keep half their share."""
+    """The Mamba tree on a Mamba-only cfg, one time in MAMBA_TREE_ONE_IN, of the drawn era:
+    0.5.23's component (borrow era) or 0.5.15's `MambaRadixCache` (wrapper era). Drawn
+    after the rest of the config (as `draw_tree_off`), so every config that is not
+    Mamba-only draws as before. A wrapper-era cfg takes part only where its era was drawn
+    (not asked for: a caller that asks for an era names the kinds it drives, as the
+    sglang:0.5.15 backend names "mamba-tree"). Until December 2026 a drawn wrapper-era cfg
+    became a borrow-era one here, so spec-vs-impl runs never drew 0.5.15's tree (300
+    sequences of it, `walk` seed 1, agree step for step)."""
     from dataclasses import replace
     if not cfg.mamba_slots or cfg.swa_window or cfg.disable_radix_cache:
         return cfg
@@ -176,7 +175,7 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
         return cfg
     if not one_in(d, MAMBA_TREE_ONE_IN, "mamba_tree"):
         return cfg
-    return draw_mamba_tree(d, replace(cfg, era="borrow"))
+    return draw_mamba_tree(d, cfg)
 
 
 def draw_mamba_tree(d: Drawer, cfg: Config) -> Config:
