@@ -102,12 +102,16 @@ class Scheduler:
         # (spec.hybrid.prompt_split_on): no SWA or Mamba component
         self.radix_cache.full_only = not swa_window and not mamba_slots
         if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
-            self.radix_cache.lock_holders = lambda: [*self.reqs.values(),
-                                                     *self.tree_cache.slots.values()]
+            self.radix_cache.lock_holders = self._lock_holders
         self.session_controller = SessionController(self.tree_cache)
         self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode
 
     # -- helpers ------------------------------------------------------------------------
+    def _lock_holders(self) -> list:
+        """The requests and session slots that may hold tree locks (a bound method, not a
+        closure: a deep copy of the scheduler then asks its own requests)."""
+        return [*self.reqs.values(), *self.tree_cache.slots.values()]
+
     def _req(self, rid: int, *phases: str) -> Req:
         req = self.reqs.get(rid)
         if req is None:

@@ -200,18 +200,25 @@ def differential_job(name: str, backend: str, out, examples: int, engine: str, a
 
 CHECK_PRESET = "check"
 """The exploration preset `kvcheck check` runs, one part per scope."""
+CHECK_IMPL_PRESET = "check-impl"
+"""The preset whose every transition `kvcheck check` runs on the spec and impl (`--backend
+impl`, the default), one part per scope."""
 
 
-def explore_part(name: str, preset: str, scope: str, out: Path):
-    """One scope of a preset, explored as `kvcheck explore --preset P --scope S` does."""
+def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "spec"):
+    """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B`
+    does (B impl: then every transition on the spec and impl side by side)."""
     from kvcheck import explore as X
     p = argparse.ArgumentParser()
     X.add_arguments(p)
-    ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore")])
+    ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore"),
+                       "--backend", backend])
     rc, results, traces = X.run_scope(X.scopes_from_args(ns)[0], ns)
     res = results[0]
     detail = (f"{res.states:,} distinct states, {res.transitions:,} transitions, every state "
               f"within {res.max_depth} steps")
+    if res.backend_check:
+        detail += "; " + res.backend_check
     for v in res.violations:
         detail += f"; VIOLATION {v.id} at step {v.depth - 1}: {v.message}"
     detail += "".join(f"\n   trace: {t}\n   replay: kvcheck replay {t}" for t in traces)
@@ -314,6 +321,10 @@ def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
                   for sc in X.PRESETS[CHECK_PRESET]]
     parts.append(Part(f"differential state machine ({args.examples} sequences)", differential_job,
                       (args.backend, args.out, args.examples, engine, accept)))
+    if not args.skip_explore and args.backend == "impl":
+        parts += [Part(f"exhaustive differential (every transition, spec vs impl): {sc.name}",
+                       explore_part, (CHECK_IMPL_PRESET, sc.name, Path(args.out), "impl"))
+                  for sc in X.PRESETS[CHECK_IMPL_PRESET]]
     parts.append(Part("regression corpus (DOMAIN.md scenarios and found failures)", corpus_part,
                       (tuple(corpus_paths), args.backend)))
     if args.backend == "impl":
@@ -321,7 +332,8 @@ def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
     return parts
 
 
-REPORT_ORDER = ("regression corpus", "checker self-test", "differential", "exhaustive", "proofs")
+REPORT_ORDER = ("regression corpus", "checker self-test", "differential", "exhaustive exploration",
+                "exhaustive differential", "proofs")
 """The order parts are reported in (the summary, --json, --junit-xml): as before `--jobs`."""
 
 

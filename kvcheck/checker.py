@@ -135,6 +135,19 @@ class Lockstep:
             backend._kvcheck_prev = backend.abstract()
             backend._kvcheck_same = backend._kvcheck_prev == self.prev
 
+    def fork(self) -> "Lockstep":
+        """An independent copy to go on from (kvcheck/engines/exhaustive.py): the spec's
+        states are never mutated once made (a step returns a new one), so they are shared;
+        the backend is deep-copied (impl/'s tensors and tree copy in process)."""
+        import copy
+        other = copy.copy(self)
+        if self.backend is not None:
+            # values never mutated in place are shared, not copied: the configuration and
+            # the backend's last abstract view (replaced, never changed, by each step)
+            shared = (self.cfg, getattr(self.backend, "_kvcheck_prev", None))
+            other.backend = copy.deepcopy(self.backend, {id(x): x for x in shared})
+        return other
+
     def apply(self, op: Op) -> tuple[StepRecord, Optional[Failure]]:
         """Apply op on both sides; on success the lockstep advances."""
         i, cfg = self.steps, self.cfg

@@ -147,7 +147,7 @@ TWO_SESSIONS_SCOPE = _scope(
 
 PRESETS: dict[str, tuple] = {
     # `make check` (`kvcheck check`: one part per scope, the parts spread over the cores, the
-    # largest first): 378,321 distinct states in all, every state within the depth bound;
+    # largest first): 357,263 distinct states in all, every state within the depth bound;
     # about 100 CPU-s interpreted. Ten times the three scopes it had until December 2026
     # (check-overlap to depth 11, check-spec-borrow to 10, check-hybrid to 9: 35,480).
     "check": (
@@ -155,7 +155,7 @@ PRESETS: dict[str, tuple] = {
         _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,
                                      overlap=True),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
-               max_new=(1, 2), evict=(2,), max_depth=14),
+               max_new=(1, 2), evict=(2,), max_depth=13),
         replace(P1_SCOPE, name="check-p1", max_depth=10),
         _scope("check-spec-borrow", dict(page_size=2, num_pages=5, num_rows=2, max_context_len=16,
                                          spec_enabled=True, max_drafts=1, chunk_size=2,
@@ -211,6 +211,28 @@ PRESETS: dict[str, tuple] = {
 def preset_scope(preset: str, name: str) -> Scope:
     """The scope of that name in a preset."""
     return next(sc for sc in PRESETS[preset] if sc.name == name)
+
+
+CHECK_IMPL = (("tiny", "tiny", 8, {}), ("check", "check-hybrid", 7, {}),
+              ("check", "check-p4-spec-chunk", 7, {}), ("check", "check-spec-borrow", 7, {}),
+              ("check", "check-hybrid-borrow", 7,
+               {"prefill_aware_swa": True, "swa_eviction_interval": 2}),
+              ("check", "check-mamba-tree", 6, {}), ("check", "check-mamba-tree-0515", 6, {}))
+"""`make check`'s exhaustive differential (`kvcheck explore --preset check-impl --backend
+impl`, kvcheck/engines/exhaustive.py): (preset, scope, depth, config changes) of the
+smaller scopes whose every transition runs on the spec and impl side by side: the check
+preset's kinds of configuration, fewer steps; the borrow-era hybrid one with 0.5.23's
+prefill-aware SWA and an eviction interval of 2 (its distance rule and 0.5.15's step
+count then differ)."""
+
+
+def _smaller(preset: str, name: str, depth: int, cfg_kw: dict) -> Scope:
+    sc = preset_scope(preset, name)
+    return replace(sc, max_depth=depth, name="impl-" + name.removeprefix("check-"),
+                   cfg=replace(sc.cfg, **cfg_kw))
+
+
+PRESETS["check-impl"] = tuple(_smaller(*x) for x in CHECK_IMPL)
 
 
 # ---------------------------------------------------------------------------
@@ -849,6 +871,8 @@ class Result:
     violations: list = field(default_factory=list)        # Found, first per id
     level_sizes: list = field(default_factory=list)
     visited: tuple = field(default=(), repr=False)      # (seen set, parents, via)
+    op_table: list = field(default_factory=list, repr=False)   # via's operations
+    backend_check: str = ""           # `--backend impl`: the transition check's verdict line
 
     def bytes_per_state(self, sample: int = 2000) -> float:
         """Memory of the visited set and the parent links per distinct state (a sample of
@@ -958,7 +982,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     a0 = abstract(s0)
     parents = array("i", [-1])          # parent index of each state
     via = array("i", [-1])              # index into op_table of the op that reached it
-    op_table: list = []
+    op_table: list = res.op_table
     op_index: dict = {}
     fp = hash if fingerprints else _whole_key
     seen = {fp(state_key(s0, symmetric))}
@@ -1235,6 +1259,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also try schedule(admit=false)")
     g.add_argument("--max-depth", type=T.positive_int, help="operations per path")
     b = p.add_argument_group("search")
+    b.add_argument("--backend", choices=("spec", "impl"), default="spec",
+                   help="spec: the spec's invariants on every state and transition; impl: then "
+                        "also every transition of the explored scope on the spec and impl side by "
+                        "side, compared step by step (kvcheck/engines/exhaustive.py)")
     b.add_argument("--no-symmetry", action="store_true", help="no symmetry reduction")
     b.add_argument("--compare", action="store_true",
                    help="run with and without symmetry reduction and compare")
@@ -1294,6 +1322,37 @@ def scopes_from_args(args) -> list:
     return out
 
 
+def _check_transitions(res: Result, args, traces: list) -> int:
+    """The scope's every transition on the spec and args.backend (exit code 1 on a failing
+    step, whose trace and HTML report are written as a violation's are)."""
+    from kvcheck.engines.exhaustive import ForkError, check_transitions
+    from kvcheck.html_report import write_html_report
+    from kvcheck.trace import failure_trace
+
+    def prog(rep, el):
+        print(f"[explore {res.scope.name} vs {rep.backend}] {rep.transitions:,} transitions, "
+              f"{rep.states:,} of {res.states:,} states ({rep.transitions / el:,.0f}/s), "
+              f"{el:.0f} s", file=sys.stderr, flush=True)
+    try:
+        rep = check_transitions(res, args.backend, None if getattr(args, "quiet", False) else prog)
+    except ForkError as e:
+        res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
+        print(f"  {res.backend_check}")
+        return 1
+    res.backend_check = rep.verdict()
+    print(f"  {rep.line()}")
+    if rep.failure is None:
+        return 0
+    f = rep.failure
+    path = Path(args.out) / f"{res.scope.name}-{f.id}-{f.side}.json"
+    failure_trace(res.scope.cfg, rep.ops, f, {"source": "explore", "scope": res.scope.name,
+                                              "backend": rep.backend}).save(path)
+    traces.append(path)
+    print(f"  trace: {path}  (replay: kvcheck replay {path})")
+    print(f"  report: {write_html_report(path, backend=rep.backend)}")
+    return 1
+
+
 def _progress(res: Result, depth: int, nxt: int, el: float) -> None:
     print(f"[explore {res.scope.name}] depth {depth + 1}: {res.states} states "
           f"({res.states / el:,.0f}/s), {res.transitions} transitions, next level {nxt}, "
@@ -1341,6 +1400,8 @@ def run_scope(sc: Scope, args) -> tuple:
             print(f"  report: {write_html_report(path, backend='spec')}")
         if res.violations:
             rc = 1
+        elif getattr(args, "backend", "spec") != "spec" and not res.stopped:
+            rc = max(rc, _check_transitions(res, args, traces))
         gaps = missed(res)
         if gaps and args.strict_coverage and rc == 0:
             print(f"  coverage goals missed: {', '.join(gaps)}")

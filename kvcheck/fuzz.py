@@ -36,7 +36,7 @@ from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
 from kvcheck.engines.gen import Stats, beyond_line
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
-from kvcheck.trace import Expect, Trace
+from kvcheck.trace import failure_trace
 from spec.ops import OP_NAMES
 
 WORKER_CHUNK = 8
@@ -447,6 +447,4 @@ def _summary(f) -> str:
 
 
 def _write(cfg, ops, failure, meta, path) -> Path:
-    path = Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side),
-                 meta).save(path)
-    return path
+    return failure_trace(cfg, ops, failure, meta).save(path)

@@ -79,6 +79,12 @@ class Trace:
         return path
 
 
+def failure_trace(cfg: Config, ops, failure, meta: dict) -> Trace:
+    """The trace of a run that failed: its operations and, as the expectation, the failure
+    (`kvcheck.checker.Failure`: id, step, side)."""
+    return Trace(cfg, list(ops), Expect("violation", failure.id, failure.step, failure.side), meta)
+
+
 def parse(data, where: str = "trace") -> Trace:
     if not isinstance(data, dict):
         raise TraceError(f"{where}: a trace must be a JSON object, got {type(data).__name__}")
