@@ -213,23 +213,27 @@ def preset_scope(preset: str, name: str) -> Scope:
     return next(sc for sc in PRESETS[preset] if sc.name == name)
 
 
-CHECK_IMPL = (("tiny", "tiny", 8, {}), ("check", "check-hybrid", 7, {}),
-              ("check", "check-p4-spec-chunk", 7, {}), ("check", "check-spec-borrow", 7, {}),
-              ("check", "check-hybrid-borrow", 7,
-               {"prefill_aware_swa": True, "swa_eviction_interval": 2}),
-              ("check", "check-mamba-tree", 6, {}), ("check", "check-mamba-tree-0515", 6, {}))
+CHECK_IMPL = (("impl-tiny", "tiny", "tiny", 8, {}),
+              ("impl-hybrid", "check", "check-hybrid", 7, {}),
+              ("impl-p4-spec-chunk", "check", "check-p4-spec-chunk", 7, {}),
+              ("impl-spec-borrow", "check", "check-spec-borrow", 7, {}),
+              ("impl-hybrid-borrow", "check", "check-hybrid-borrow", 7,
+               {"swa_eviction_interval": 2}),
+              ("impl-hybrid-borrow-pa", "check", "check-hybrid-borrow", 7,
+               {"prefill_aware_swa": True}),
+              ("impl-mamba-tree", "check", "check-mamba-tree", 6, {}),
+              ("impl-mamba-tree-0515", "check", "check-mamba-tree-0515", 6, {}))
 """`make check`'s exhaustive differential (`kvcheck explore --preset check-impl --backend
-impl`, kvcheck/engines/exhaustive.py): (preset, scope, depth, config changes) of the
+impl`, kvcheck/engines/exhaustive.py): (name, preset, scope, depth, config changes) of the
 smaller scopes whose every transition runs on the spec and impl side by side: the check
-preset's kinds of configuration, fewer steps; the borrow-era hybrid one with 0.5.23's
-prefill-aware SWA and an eviction interval of 2 (its distance rule and 0.5.15's step
-count then differ)."""
+preset's kinds of configuration, fewer steps; the borrow-era hybrid one twice, with an
+eviction interval of 2 (0.5.23's distance rule and 0.5.15's step count then differ) and
+with 0.5.23's prefill-aware SWA (the floor under the window eviction)."""
 
 
-def _smaller(preset: str, name: str, depth: int, cfg_kw: dict) -> Scope:
-    sc = preset_scope(preset, name)
-    return replace(sc, max_depth=depth, name="impl-" + name.removeprefix("check-"),
-                   cfg=replace(sc.cfg, **cfg_kw))
+def _smaller(name: str, preset: str, scope: str, depth: int, cfg_kw: dict) -> Scope:
+    sc = preset_scope(preset, scope)
+    return replace(sc, max_depth=depth, name=name, cfg=replace(sc.cfg, **cfg_kw))
 
 
 PRESETS["check-impl"] = tuple(_smaller(*x) for x in CHECK_IMPL)
