@@ -8,6 +8,8 @@
   scale    1 worker vs 2 worker processes: wall speedup and steps per CPU-second, with
            the load average (only when the machine has a free core, or with --force)
   check    `kvcheck check` wall seconds by part (a subprocess, its --json report)
+  exhaustive  the exhaustive differential (preset check-impl, spec vs impl on every
+           transition): transitions per CPU-second, planted faults caught
 
 Each figure's own module (bench_explore, bench_diff, bench_detect, bench_scale) prints
 its detail as it runs; this driver collects the figures. CPU-second rates are per
@@ -25,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PARTS = ("explore", "fuzz", "detect", "scale", "check")
+PARTS = ("explore", "fuzz", "detect", "scale", "check", "exhaustive")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -162,8 +164,19 @@ def check_rows(quick: bool) -> list:
     return rows
 
 
+def exhaustive_rows(quick: bool) -> list:
+    from benchmarks.bench_exhaustive import measure
+    names = ("free_tail_unaligned", "swa_mapping_kept", "trim_overshoot_missing") if quick else ()
+    m = measure("check-impl", names, lambda line: print("   " + line, flush=True))
+    return [("exhaustive differential (check-impl): transitions/CPU-s",
+             f"{m['transitions'] / m['cpu']:,.0f} ({m['transitions']:,} transitions)"),
+            ("exhaustive differential: planted faults caught",
+             f"{m['faults'] - len(m['missed'])} of {m['faults']}"
+             + (f" (missed: {', '.join(m['missed'])})" if m["missed"] else ""))]
+
+
 MEASURE = {"explore": explore_rows, "fuzz": fuzz_rows, "detect": detect_rows,
-           "scale": scale_rows, "check": check_rows}
+           "scale": scale_rows, "check": check_rows, "exhaustive": exhaustive_rows}
 
 
 def main(argv=None) -> int:
