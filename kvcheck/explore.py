@@ -1404,8 +1404,12 @@ def run_scope(sc: Scope, args) -> tuple:
             print(f"  report: {write_html_report(path, backend='spec')}")
         if res.violations:
             rc = 1
-        elif getattr(args, "backend", "spec") != "spec" and not res.stopped:
-            rc = max(rc, _check_transitions(res, args, traces))
+        elif getattr(args, "backend", "spec") != "spec":
+            if res.stopped:
+                print(f"  spec vs {args.backend} on every transition: not run (the exploration "
+                      f"stopped early: {res.stopped})")
+            else:
+                rc = max(rc, _check_transitions(res, args, traces))
         gaps = missed(res)
         if gaps and args.strict_coverage and rc == 0:
             print(f"  coverage goals missed: {', '.join(gaps)}")
