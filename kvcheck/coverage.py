@@ -1,7 +1,8 @@
 """`kvcheck coverage`: how much of the system under test the checker's runs reach.
 
 Runs what `make check` runs against a system (the regression corpus, the planted-fault
-corpus on impl, the fixed-seed differential run) and a fixed-count fuzz run under
+corpus on impl, the fixed-seed differential run, on impl the exhaustive differential of
+the check-impl preset) and a fixed-count fuzz run under
 coverage.py with branch coverage, then prints per-file line and branch coverage and
 every branch no run took, with its source line.
 
@@ -235,6 +236,7 @@ class Plan:
     engine: Optional[str] = None
     accept: tuple = ()
     corpus: bool = True
+    exhaustive: bool = True         # check's exhaustive differential (impl only)
 
 
 def _progress(msg: str) -> None:
@@ -271,6 +273,16 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
         verdicts = [planted_verdict(load(f))[0] for f in files]
         return f"{verdicts.count('caught')}/{len(files)} planted-fault traces caught"
 
+    def exhaustive():
+        from kvcheck import explore as X
+        from kvcheck.check import CHECK_IMPL_PRESET
+        from kvcheck.engines.exhaustive import check_transitions
+        n = bad = 0
+        for sc in X.PRESETS[CHECK_IMPL_PRESET]:
+            rep = check_transitions(X.explore(sc))
+            n, bad = n + rep.transitions, bad + (rep.failure is not None)
+        return f"{n:,} transitions of {CHECK_IMPL_PRESET}" + (f", {bad} failing" if bad else "")
+
     def campaign(seed, rounds, label):
         def run():
             rep = fuzz(None, seed, plan.backend, out_dir, rounds=rounds, engine=engine,
@@ -287,6 +299,8 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
             part("planted-fault corpus", planted)
     part(f"differential run ({plan.examples} sequences, seed {CHECK_SEED})",
          campaign(CHECK_SEED, plan.examples, "differential"))
+    if plan.exhaustive and plan.backend == "impl":
+        part("exhaustive differential (preset check-impl, every transition)", exhaustive)
     if plan.rounds:
         part(f"fuzz run ({plan.rounds} sequences, seed {plan.seed})",
              campaign(plan.seed, plan.rounds, "fuzz"))
@@ -385,6 +399,9 @@ def add_arguments(p) -> None:
                    help="the fuzz engine (None: the default engine)")
     p.add_argument("--no-corpus", action="store_true",
                    help="leave out the regression and planted-fault corpora")
+    p.add_argument("--no-exhaustive", action="store_true",
+                   help="leave out check's exhaustive differential (every transition of the "
+                        "check-impl preset on impl/)")
     p.add_argument("--brief", action="store_true", help="the table only, no uncovered branches")
     p.add_argument("--json", type=T.writable_file, metavar="FILE",
                    help="also write the report as JSON (per file, the missing branches)")
@@ -429,7 +446,7 @@ def cmd_coverage(args) -> int:
             raise UsageError(f"--backend {args.backend}: coverage is not installed in {python}'s "
                              "venv; pip install 'coverage==7.17.3' there (make_env.sh does)")
     plan = Plan(args.backend, args.examples, args.rounds, args.seed, args.engine,
-                _accept(args), not args.no_corpus)
+                _accept(args), not args.no_corpus, not args.no_exhaustive)
     report, data = measure(plan)
     print(report.render(uncovered=not args.brief))
     if args.json:
