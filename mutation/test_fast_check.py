@@ -1,6 +1,7 @@
 """mutmut's test command: the fast parts of `kvcheck check` against impl/ (the regression
 corpus, the planted-fault corpus with each fault off, and a fixed-count differential
-run). A mutant of impl/ is killed when one of them fails. Not in `make test`'s
+run, the exhaustive differential of the check-impl preset). A mutant of impl/ is killed
+when one of them fails. Not in `make test`'s
 testpaths: `python -m kvcheck.mutation` runs it under mutmut.
 
 KVCHECK_MUTATION_EXAMPLES: the differential run's sequences (default 60)."""
@@ -40,3 +41,19 @@ def test_differential(tmp_path):
     rep = fuzz(None, CHECK_SEED, "impl", tmp_path, rounds=EXAMPLES, stop_on_first=True,
                console=Console(quiet=True), shrink_replays=0)
     assert not rep.found, rep.found[0].summary if rep.found else ""
+
+
+def _check_impl_scopes():
+    from kvcheck import explore as X
+    from kvcheck.check import CHECK_IMPL_PRESET
+    return X.PRESETS[CHECK_IMPL_PRESET]
+
+
+@pytest.mark.parametrize("scope", _check_impl_scopes(), ids=lambda sc: sc.name)
+def test_exhaustive_differential(scope):
+    """kvcheck check's exhaustive differential: every transition of the scope on the spec
+    and impl side by side."""
+    from kvcheck import explore as X
+    from kvcheck.engines.exhaustive import check_transitions
+    rep = check_transitions(X.explore(scope))
+    assert rep.failure is None, rep.line()
