@@ -659,10 +659,8 @@ def accepts(s: State, finding: str) -> bool:
 
 
 def _aliases_arrays(s: State) -> bool:
-    """Upstream's in-place token arrays (`Session._share_token_arrays`) matter only once
-    a live turn shares the array a new turn is built on, which U1 and U2 allow; accepting
-    either takes that consequence too (the fixed spec gives each request its own)."""
-    return accepts(s, "U1") or accepts(s, "U2")
+    """`Config.aliases_token_arrays`: live requests share token arrays in place."""
+    return s.cfg.aliases_token_arrays
 
 
 def _free_kv_aligned(s: State, row: int, target: int, end: int, holder=None) -> None:
