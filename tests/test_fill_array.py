@@ -83,6 +83,17 @@ def test_o2_chunk_checkpoint_keys_by_the_stale_fill():
     assert head + (1, 1) in paths and head + (1, 5) not in paths
 
 
+def test_carry_follows_req_nodes_request_to_its_rebuilt_array():
+    """0.5.15, accepted U1/U2/U3: turn 20, req_nodes' request after its retract,
+    rebuilds its fill at the re-prefill (step 13); create_req (step 14) carries that new
+    array, so the array retracted turn 11 still holds is left as it was."""
+    before, _ = _spec_run("u2-carry-follows-rebuilt-fill-sglang-0.5.15.json", 14)
+    after, _ = _spec_run("u2-carry-follows-rebuilt-fill-sglang-0.5.15.json", 15)
+    assert dict.get(after.reqs, 11).fill == dict.get(before.reqs, 11).fill
+    assert dict.get(after.reqs, 24).fill_of == dict.get(after.reqs, 20).fill_of is not None
+    assert dict.get(after.reqs, 24).fill == dict.get(after.reqs, 24).origin
+
+
 @pytest.mark.parametrize("era", ["wrapper", "borrow"])
 def test_without_u1_u2_the_fill_reads_as_origin_plus_output(era):
     """The fixed spec keeps one array per request: after every extend the acting
