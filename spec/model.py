@@ -779,6 +779,7 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     if req.array_of is None:            # a turn built on no checkpoint has its own array
         req.array_of = req.rid
     sess.last_array = req.array_of      # req_nodes' request: the next turn extends its array
+    req.req_nodes = True
     if req.fill_of is None:             # its fill array: the next turn's carry_fill
         req.fill_of = _new_fill_id(s, req.rid)
     sess.last_fill, sess.fill, sess.committed_fill_len = req.fill_of, req.fill, len(req.fill)
@@ -1391,7 +1392,7 @@ def refresh_fill(s: State, req: Req) -> None:
         return
     req.fill, req.fill_of = req.fill_ids, None
     for sid, x in list(dict.items(s.sessions)):
-        if x.last_rid == req.rid:
+        if req.req_nodes and x.last_rid == req.rid:
             if req.fill_of is None:
                 req.fill_of = _new_fill_id(s, req.rid)
             x = s.sessions[sid]

@@ -188,6 +188,9 @@ class Req:
                                             # empty array; refresh_fill_ids builds it)
     fill_of: Optional[int] = None           # id of that array (None: private, unshared);
                                             # a turn create_req carried it onto shares it
+    req_nodes: bool = False                 # finish_req made it its session's req_nodes'
+                                            # request (rids are reused: the rid alone
+                                            # does not say it is that request)
     logprob_start: int = -1                 # logprob_start_len as the scheduler resolved it
                                             # (-1: no cap on the prefix match)
     # hybrid models (spec/hybrid.py; zero/None when config.swa_window / mamba_slots are 0)

@@ -9,8 +9,11 @@ from pathlib import Path
 import pytest
 
 from kvcheck.engines.gen import Stats
+from kvcheck.checker import run_ops
 from kvcheck.engines.walk import walk
 from kvcheck.trace import load
+from spec import ops as O
+from spec.config import Config
 from spec.invariants import check_state
 from spec.model import carried_fill, refreshed_fill, step
 from spec.state import initial_state
@@ -92,6 +95,20 @@ def test_carry_follows_req_nodes_request_to_its_rebuilt_array():
     assert dict.get(after.reqs, 11).fill == dict.get(before.reqs, 11).fill
     assert dict.get(after.reqs, 24).fill_of == dict.get(after.reqs, 20).fill_of is not None
     assert dict.get(after.reqs, 24).fill == dict.get(after.reqs, 24).origin
+
+
+def test_a_reused_rid_is_not_req_nodes_request():
+    """Found by `kvcheck explore` (preset check): a new turn reusing the rid of its
+    session's req_nodes' request (finished) rebuilds its fill after a pre_abort; the
+    session must keep the array req_nodes' request left, or the next turns carry the
+    stub's (0,) and a full prefill's forward writes KV of token 0 (I26)."""
+    cfg = Config(page_size=2, num_pages=4, num_rows=2, max_context_len=16, overlap=True)
+    ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2,), 1), O.Schedule(1, admit=True),
+           O.SubmitTurn(1, 1, (2,), 1), O.PreAbort(1), O.Schedule(1, admit=False),
+           O.SubmitTurn(1, 2, (2,), 2), O.Schedule(2, admit=True), O.AbortRunning(2),
+           O.SubmitTurn(1, 2, (2,), 2), O.Schedule(2, admit=True)]
+    res = run_ops(cfg, ops)
+    assert res.ok, res.failure.render()
 
 
 @pytest.mark.parametrize("era", ["wrapper", "borrow"])
