@@ -1320,7 +1320,7 @@ def _share_token_arrays(s: State, array: int, origin: tuple) -> None:
             r.origin = origin
 
 
-# full_untruncated_fill_ids (open divergences O1/O2, docs/upstream-findings.md): a third
+# full_untruncated_fill_ids (divergences O1/O2, docs/upstream-findings.md): a third
 # token array per request, `create_req` carries req_nodes' request's onto the new turn
 # (`carry_fill`) and `refresh_fill_ids` extends by a length rule only. The match, the
 # extend's forward and an unfinished insert read it (0.5.23: a finished insert too);
