@@ -18,8 +18,7 @@ from typing import Callable, Optional
 from spec.abstract import AbstractState, canonical, diff
 from spec.config import Config
 from spec.invariants import check_state, check_step
-from spec.model import (ModelError, initial_state, refusal, step, unmodelled_consequence,
-                        within_accepted)
+from spec.model import ModelError, initial_state, refusal, step, within_accepted
 from spec.ops import Op
 from spec.state import State
 from spec.view import abstract
@@ -117,12 +116,9 @@ class Lockstep:
     Hypothesis machines both drive this, so a step is checked one way everywhere."""
 
     def __init__(self, cfg: Config, backend=None, backend_name: str = "impl",
-                 check_spec: bool = True, stop_unmodelled: bool = True):
+                 check_spec: bool = True):
         self.cfg, self.backend, self.backend_name = cfg, backend, backend_name
         self.check_spec = check_spec
-        self.stop_unmodelled = stop_unmodelled
-        """False: compare past `spec.model.unmodelled_consequence` too (a kept upstream
-        trace whose expectation records the divergence found there)."""
         self.state = initial_state(cfg)
         self.prev = abstract(self.state)
         self.steps = 0
@@ -154,13 +150,6 @@ class Lockstep:
         rec = StepRecord(i, op, "", self.prev)
         if self.beyond is not None:
             return rec, None
-        if cfg.accept and self.fixed is None and self.stop_unmodelled:
-            gap = unmodelled_consequence(self.state, op)
-            if gap is not None:     # an accepted finding's consequence the spec does not model
-                self.beyond = Beyond(i, op, gap, [
-                    f"{gap}: a consequence of the accepted findings that the spec does not "
-                    "model (spec.model.unmodelled_consequence, docs/upstream-findings.md)"])
-                return rec, None
         reason = refusal(self.state, op)
         if reason is not None:
             return rec, Failure(i, op, DISABLED, "spec",
@@ -230,9 +219,9 @@ def beyond_invariants(i: int, op: Op, accept, vs) -> Beyond:
 
 def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             check_spec: bool = True, keep_records: bool = False,
-            on_step: Optional[Callable] = None, stop_unmodelled: bool = True) -> RunResult:
+            on_step: Optional[Callable] = None) -> RunResult:
     """Run ops on the spec (and `backend` if given). Stops at the first failure."""
-    lock = Lockstep(cfg, backend, backend_name, check_spec, stop_unmodelled)
+    lock = Lockstep(cfg, backend, backend_name, check_spec)
     records = []
     for i, op in enumerate(ops):
         rec, fail = lock.apply(op)

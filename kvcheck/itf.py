@@ -86,7 +86,8 @@ def state(s: AbstractState) -> dict:
         "reqs": {"#map": [[_int(r.rid), _record(
             r, skip=("rid",), session=lambda v: optional(v, "Session", "NoSession"), row=row,
             anchor=anchor, row_pages=indexed,
-            swa_branching_seqlen=lambda v: optional(v, "Branch", "NoBranch"))] for r in s.reqs]},
+            swa_branching_seqlen=lambda v: optional(v, "Branch", "NoBranch"),
+            fill=lambda v: optional(v, "Fill", "NoFill"))] for r in s.reqs]},
         "slots": {"#map": [[_int(t.sid), _record(
             t, skip=("sid",), row=row, last_node=anchor, row_pages=indexed,
             swa_uuid_for_lock=anchor)] for t in s.slots]},

@@ -60,8 +60,7 @@ def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
     factory, bname = resolve(backend_name)
     backend = factory(trace.config) if factory else None
     try:
-        lock = Lockstep(trace.config, backend, bname,
-                        stop_unmodelled=trace.expect.stop_unmodelled)
+        lock = Lockstep(trace.config, backend, bname)
         res = ReplayResult(0, None, [], backend_name=bname,
                            initial=(lock.prev, backend.abstract() if backend is not None else None))
         for op in trace.ops:

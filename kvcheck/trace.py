@@ -38,13 +38,6 @@ class Expect:
     step: Optional[int] = None
     backend: Optional[str] = None       # the side it fails on ("spec", "impl", ...)
 
-    @property
-    def stop_unmodelled(self) -> bool:
-        """Whether a replay stops comparing at an accepted finding's unmodelled consequence
-        (`kvcheck.checker.Lockstep`) as runs do: a trace that expects a failure records the
-        comparison past it too (the kept open divergences)."""
-        return self.result == "pass"
-
     def to_json(self) -> dict:
         out = {"result": self.result}
         for k in ("invariant", "step", "backend"):

@@ -58,6 +58,8 @@ class ReqView:
     swa_evict_floor: int = 0        # hybrid: prefill-aware SWA's floor (swa_dead_lo)
     mamba: tuple = ()               # hybrid: mamba_pool_idx, then the ping-pong track buffer
     swa_branching_seqlen: Optional[int] = None  # borrow-era SWA: the match's pending branch
+    fill: Optional[tuple] = None    # full_untruncated_fill_ids where requests share token
+                                    # arrays (`Config.aliases_token_arrays`); else None
 
 
 @dataclass(frozen=True)

@@ -142,6 +142,14 @@ class Config:
         return bool(self.swa_window or self.mamba_slots)
 
     @property
+    def aliases_token_arrays(self) -> bool:
+        """Upstream's in-place token arrays (`Session._share_token_arrays`) matter only
+        once a live turn shares the arrays a new turn is built on, which U1 and U2 allow;
+        accepting either takes that consequence too (the fixed spec gives each request
+        its own)."""
+        return "U1" in self.accept or "U2" in self.accept
+
+    @property
     def total_tokens(self) -> int:
         """`max_total_num_tokens`: every allocatable KV slot, in tokens."""
         return self.num_pages * self.page_size

@@ -503,14 +503,14 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     branch = hybrid.swa_branch_cache_len(req, req.committed)
     cache_len = req.committed if branch is None else branch
     keys_len = floor_align(cache_len, P)
-    key = req.fill_ids[:keys_len]
+    key = req.fill[:keys_len]                   # get_fill_ids() (0.5.23: fill[:extend_end])
     hybrid.free_out_of_window_slots(s, req, cache_len)
     new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
                             prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     if hybrid.prompt_split_on(s):
-        _split_at_prompt(s, req, keys_len)
+        _split_at_prompt(s, req, key)
     nid, pages = match_prefix(s, key)
     if len(pages) * P != keys_len:
         raise ModelError(f"cache_unfinished_req: re-match {len(pages) * P} != {keys_len}")
@@ -566,7 +566,8 @@ def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
         value = alloc_mamba_slot(s, "prepare_for_caching_req")   # copy_from(req's state)
     keys_len = req.committed
     row = s.rows[req.row]
-    nid, new_prefix_len, exist = insert_mamba(s, req.fill_ids[:keys_len], row[:keys_len], value)
+    nid, new_prefix_len, exist = insert_mamba(s, fill_key(s, req, finished)[:keys_len],
+                                              row[:keys_len], value)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     row[req.protected:keys_len] = _path_pages(s, nid)[req.protected:]
@@ -584,15 +585,15 @@ def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
         req.mamba_pool_idx = None       # the node owns it now (upstream leaves the ref)
 
 
-def _split_at_prompt(s: State, req: Req, keys_len: int) -> None:
+def _split_at_prompt(s: State, req: Req, key: tuple) -> None:
     """Borrow era (`checkpoint_into_tree`), a FULL-only tree (`hybrid.prompt_split_on`): a
-    second insert of the page-aligned prompt splits the inserted path at the prompt
-    boundary (so eviction can drop the output KV without the prompt); it adds and frees
-    nothing."""
+    second insert of the page-aligned prompt, cut from the inserted `key`, splits the
+    inserted path at the prompt boundary (so eviction can drop the output KV without the
+    prompt); it adds and frees nothing."""
     P = s.cfg.page_size
     prompt_len = floor_align(len(req.origin), P)
-    if 0 < prompt_len < keys_len:
-        insert(s, req.fill_ids[:prompt_len], s.rows[req.row][:prompt_len // P])
+    if 0 < prompt_len < len(key):
+        insert(s, key[:prompt_len], s.rows[req.row][:prompt_len // P])
 
 
 def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
@@ -609,12 +610,13 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
     keys_len = floor_align(committed if branch is None else branch, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
-        new_prefix_len = insert(s, req.fill_ids[:keys_len], s.rows[req.row][:keys_len // P],
+        key = fill_key(s, req, finished=True)[:keys_len]
+        new_prefix_len = insert(s, key, s.rows[req.row][:keys_len // P],
                                 req.swa_evicted_seqlen, req.protected)
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
         if hybrid.prompt_split_on(s):
-            _split_at_prompt(s, req, keys_len)
+            _split_at_prompt(s, req, key)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
     if committed > keys_len:
@@ -657,38 +659,8 @@ def accepts(s: State, finding: str) -> bool:
 
 
 def _aliases_arrays(s: State) -> bool:
-    """Upstream's in-place token arrays (`Session._share_token_arrays`) matter only once
-    a live turn shares the array a new turn is built on, which U1 and U2 allow; accepting
-    either takes that consequence too (the fixed spec gives each request its own)."""
-    return accepts(s, "U1") or accepts(s, "U2")
-
-
-def unmodelled_consequence(s: State, op) -> Optional[str]:
-    """Under an accepted finding, an operation past which the spec no longer follows
-    upstream although none of its invariants says so: the id of the open divergence
-    (docs/upstream-findings.md) or None. The checker stops comparing there and counts the
-    stop (`kvcheck.checker.Beyond`), as it does past an invariant the accepted findings
-    do not cover.
-
-    O2: with U1/U2's in-place token arrays (`_aliases_arrays`), upstream's
-    `_share_token_arrays` also hands the new turn `full_untruncated_fill_ids`, trimmed to
-    `committed_fill_len`, which `_refresh_fill_ids` later extends by a length rule only
-    and which the match, the extend's forward and an unfinished insert are keyed by; the
-    spec keeps one array per request (origin + output). A later turn's `create_req`
-    rewrites the shared prompt of an earlier live turn but not that turn's fill array, so
-    from the (re-)prefill of a request whose array another live turn shares and which is
-    not its session's in-flight turn (the newest, whose fill `create_req` built), the two
-    may part (node keys, KV)."""
-    if not _aliases_arrays(s) or not isinstance(op, (O.Schedule, O.PrefillChunk)):
-        return None
-    req = dict.get(s.reqs, op.rid)
-    if req is None or req.array_of is None:
-        return None
-    sess = dict.get(s.sessions, req.session) if req.session is not None else None
-    if sess is not None and sess.inflight_rid == op.rid:
-        return None
-    shared = any(r.array_of == req.array_of for rid, r in dict.items(s.reqs) if rid != op.rid)
-    return "O2" if shared else None
+    """`Config.aliases_token_arrays`: live requests share token arrays in place."""
+    return s.cfg.aliases_token_arrays
 
 
 def _free_kv_aligned(s: State, row: int, target: int, end: int, holder=None) -> None:
@@ -807,6 +779,10 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     if req.array_of is None:            # a turn built on no checkpoint has its own array
         req.array_of = req.rid
     sess.last_array = req.array_of      # req_nodes' request: the next turn extends its array
+    req.req_nodes = True
+    if req.fill_of is None:             # its fill array: the next turn's carry_fill
+        req.fill_of = _new_fill_id(s, req.rid)
+    sess.last_fill, sess.fill, sess.committed_fill_len = req.fill_of, req.fill, len(req.fill)
 
 
 def _sync_checkpoints(s: State) -> None:
@@ -891,6 +867,8 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
         # is never keyed; it falls into the overallocated range and is freed. Never below
         # the tree-owned prefix (a re-prefilled retracted request published past it).
         req.committed = min(req.committed, max(req.protected, len(req.origin) + req.finished_len))
+    if s.cfg.era == "borrow" and is_insert:
+        refresh_fill(s, req)            # "the fill-id array lags output_ids": refreshed first
     cache_finished_req_inner(s, req, is_insert)
     start = ceil_align(req.committed, s.cfg.page_size)
     if start < req.allocated:
@@ -934,6 +912,7 @@ def resolve_logprob_start(logprob_start_len, prompt_len: int) -> int:
 def _match(s: State, req: Req) -> int:
     """`init_next_round_input` -> `match_prefix`: slot restore or radix match.
     Returns prefix_len."""
+    refresh_fill(s, req)
     slot = find_active_slot(s, req)
     if slot is not None:
         _restore_to_req(slot, req)
@@ -955,14 +934,14 @@ def _match(s: State, req: Req) -> int:
         req.prefix_pages = tuple(pages)
         return req.prefix_len
     swa_tree = hybrid.swa_on(s)
-    nid, pages = match_prefix(s, req.fill_ids[:_key_limit(req)], stamp=not swa_tree)
+    nid, pages = match_prefix(s, req.fill[:_key_limit(req)], stamp=not swa_tree)
     usable = hybrid.swa_match_len(s, pages)
     req.swa_branching_seqlen = hybrid.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
     if usable < len(pages) * s.cfg.page_size or swa_tree:
         # SWARadixCache `_match_post_processor` (0.5.23's too: it stamps `best_match_node`
         # and its ancestors, the SWA validator's last valid node): only the usable node
         # and its parents are touched (`reset_node_and_parents_mru`), after the walk's splits
-        nid, pages = match_prefix(s, req.fill_ids[:usable])
+        nid, pages = match_prefix(s, req.fill[:usable])
         hybrid.swa_refresh(s, nid)          # 0.5.23: MATCH_END from `best_match_node`
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
@@ -977,7 +956,7 @@ def _match_mamba_tree(s: State, req: Req) -> tuple[int, list]:
     stamps with its ancestors and moves to the Mamba MRU end; `finalize_match_result_in_cache`
     copies its state into a fresh slot for a request that holds none (evicting one state
     with the node locked when the pool is empty)."""
-    last, _, pages = _walk(s, req.fill_ids[:_key_limit(req)], stamp=False)
+    last, _, pages = _walk(s, req.fill[:_key_limit(req)], stamp=False)
     best = mamba_tree.best_node(s, last)
     _match_post_stamp(s, best)
     if best == ROOT:
@@ -1058,7 +1037,7 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
     hybrid.alloc_mamba(s, req)
     if not _alloc_extend(s, req.row, prefix, end):
         raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
-    _write_kv(s, req.row, prefix, end, req.fill_ids)
+    _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
     req.committed = req.allocated = req.extend_end = end
     hybrid.set_swa_evict_floor(s, req)
     if s.cfg.era == "borrow":
@@ -1152,11 +1131,12 @@ def _prefill_chunk(s: State, req: Req) -> str:
         _checkpoint_borrow(s, req)
     elif not _is_streaming(req):
         cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
+    refresh_fill(s, req)                        # init_next_round_input() (no re-match)
     prefix = req.extend_end
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
     if not _alloc_extend(s, req.row, prefix, end, mamba_evict=mamba_tree.wrapper_rules(s)):
         return "oom"
-    _write_kv(s, req.row, prefix, end, req.fill_ids)
+    _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
     req.committed = req.allocated = req.extend_end = end
     hybrid.set_swa_evict_floor(s, req)
     if end == req.seqlen:
@@ -1320,10 +1300,11 @@ def _submit_turn(s: State, op: O.SubmitTurn) -> str:
         return "stub"
     origin = sess.checkpoint + tuple(op.new_tokens)
     array = sess.last_array if sess.checkpoint else None
+    fill, fill_of = _carry_fill(s, sess, tuple(op.new_tokens)) if sess.checkpoint else ((), None)
     if array is not None and _aliases_arrays(s):
         _share_token_arrays(s, array, origin)
     s.reqs[op.rid] = Req(op.rid, op.sid, True, False, origin, [], op.max_new_tokens,
-                         array_of=array)
+                         array_of=array, fill=fill, fill_of=fill_of)
     sess.inflight_rid = op.rid
     return "ok"
 
@@ -1337,6 +1318,103 @@ def _share_token_arrays(s: State, array: int, origin: tuple) -> None:
     for r in s.reqs.values():
         if r.array_of == array:
             r.origin = origin
+
+
+# full_untruncated_fill_ids (divergences O1/O2, docs/upstream-findings.md): a third
+# token array per request, `create_req` carries req_nodes' request's onto the new turn
+# (`carry_fill`) and `refresh_fill_ids` extends by a length rule only. The match, the
+# extend's forward and an unfinished insert read it (0.5.23: a finished insert too);
+# under accepted U1/U2 a later turn's create_req rewrites a live turn's prompt in place
+# but not its fill array, so the two may part. Without U1/U2 no other live request holds
+# a request's arrays, so the fill always reads as origin + output.
+
+def carried_fill(fill: tuple, committed_fill_len: int, committed_origin_len: int,
+                 out_tail: tuple, new_tokens: tuple) -> tuple:
+    """`Session._share_token_arrays`' `carry_fill` (0.5.15 and 0.5.23 alike): req_nodes'
+    request's fill array is trimmed to `committed_fill_len` in place; if what it holds
+    past the committed origin (`baked`) is a prefix's length of the last output, it is
+    extended in place by the rest of that output and the new input and becomes the new
+    turn's fill. Returns (the array's tokens after, carried?)."""
+    kept = fill[:committed_fill_len]
+    baked = len(kept) - committed_origin_len
+    if 0 <= baked <= len(out_tail):
+        return kept + out_tail[baked:] + new_tokens, True
+    return kept, False
+
+
+def refreshed_fill(fill: tuple, origin: tuple, output) -> Optional[tuple]:
+    """`Req.refresh_fill_ids` (0.5.15 `_refresh_fill_ids`): the outputs already in the
+    fill are inferred from lengths alone; if that count is possible the array is
+    extended in place by the rest (the tokens after, returned), else None: upstream
+    rebuilds a private `origin + output`. (Its aliasing branch, fill *is* origin, needs
+    pipeline parallelism: not driven.)"""
+    have = len(fill) - len(origin)
+    if 0 <= have <= len(output):
+        return fill + tuple(output[have:])
+    return None
+
+
+def _write_fill(s: State, fid: Optional[int], tokens: tuple, own: Optional[Req] = None) -> None:
+    """An in-place change of fill array `fid` (`own`: the request acting on it): every
+    session whose req_nodes' request holds it reads the change; under accepted U1/U2
+    (`_aliases_arrays`) every other live request on it too."""
+    if own is not None:
+        own.fill = tokens
+    if fid is None:
+        return
+    for sid, x in list(dict.items(s.sessions)):        # read first: copy only holders
+        if x.last_fill == fid:
+            s.sessions[sid].fill = tokens
+    if _aliases_arrays(s):
+        for rid, r in list(dict.items(s.reqs)):
+            if r.fill_of == fid and r is not own:
+                s.reqs[rid].fill = tokens
+
+
+def _new_fill_id(s: State, rid: int) -> int:
+    """An id for a request's private fill array once a session holds it: the rid, or past
+    every id in use if that is taken (an array the request left behind, still shared)."""
+    used = {r.fill_of for r in dict.values(s.reqs)} | \
+        {x.last_fill for x in dict.values(s.sessions)}
+    used.discard(None)
+    return rid if rid not in used else max(used | {rid}) + 1
+
+
+def refresh_fill(s: State, req: Req) -> None:
+    """`refresh_fill_ids` (`init_next_round_input`, the chunked request's next round;
+    0.5.23's `release_kv_cache` before a finished insert). A rebuild leaves the shared
+    array; a session whose req_nodes' request this is follows it to the new one
+    (`last_req.full_untruncated_fill_ids`)."""
+    tokens = refreshed_fill(req.fill, req.origin, req.output)
+    if tokens is not None:
+        if tokens != req.fill:
+            _write_fill(s, req.fill_of, tokens, req)
+        return
+    req.fill, req.fill_of = req.fill_ids, None
+    for sid, x in list(dict.items(s.sessions)):
+        if req.req_nodes and x.last_rid == req.rid:
+            if req.fill_of is None:
+                req.fill_of = _new_fill_id(s, req.rid)
+            x = s.sessions[sid]
+            x.last_fill, x.fill = req.fill_of, req.fill
+
+
+def _carry_fill(s: State, sess: Session, new_tokens: tuple) -> tuple:
+    """create_req's carry_fill: (the new turn's fill, its array id); an empty private
+    array (None) when it is not carried. Requires a checkpoint (`committed_origin_len`
+    set by a finish_req)."""
+    out_tail = sess.checkpoint[len(sess.committed_origin):]
+    tokens, carried = carried_fill(sess.fill, sess.committed_fill_len,
+                                   len(sess.committed_origin), out_tail, new_tokens)
+    _write_fill(s, sess.last_fill, tokens)
+    return (tokens, sess.last_fill) if carried else ((), None)
+
+
+def fill_key(s: State, req: Req, finished: bool) -> tuple:
+    """The tokens a tree insert keys req's KV by: `full_untruncated_fill_ids`, except
+    0.5.15's `cache_finished_req`, which keys by `origin_input_ids + output_ids`
+    (radix_cache.py l.451; 0.5.23's release refreshes the fill and checkpoints it)."""
+    return req.fill_ids if finished and s.cfg.era == "wrapper" else req.fill
 
 
 def _close_session(s: State, sid: int) -> str:

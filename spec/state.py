@@ -184,6 +184,13 @@ class Req:
     is_retracted: bool = False
     array_of: Optional[int] = None          # id of the token array origin is (the rid that
                                             # created it); None: a private array
+    fill: tuple = ()                        # full_untruncated_fill_ids (() : the fresh,
+                                            # empty array; refresh_fill_ids builds it)
+    fill_of: Optional[int] = None           # id of that array (None: private, unshared);
+                                            # a turn create_req carried it onto shares it
+    req_nodes: bool = False                 # finish_req made it its session's req_nodes'
+                                            # request (rids are reused: the rid alone
+                                            # does not say it is that request)
     logprob_start: int = -1                 # logprob_start_len as the scheduler resolved it
                                             # (-1: no cap on the prefix match)
     # hybrid models (spec/hybrid.py; zero/None when config.swa_window / mamba_slots are 0)
@@ -241,6 +248,9 @@ class Session:
     committed_origin: tuple = ()        # its origin_input_ids[:committed_origin_len]
     last_unfinished: bool = False       # that request has not finished (accepted U2)
     last_array: Optional[int] = None    # its token array: the next turn extends it in place
+    last_fill: Optional[int] = None     # its full_untruncated_fill_ids (carry_fill's array)
+    fill: tuple = ()                    # that array's tokens now
+    committed_fill_len: int = 0         # len of it at that request's finish_req
 
     def copy(self) -> "Session":
         x = object.__new__(Session)        # every field is immutable: a shallow copy

@@ -49,7 +49,8 @@ def abstract(s: State) -> AbstractState:
                 overallocated_freed=r.overallocated_freed,
                 row_pages=_row_pages(s, r.row, r.allocated),
                 swa_evicted_seqlen=r.swa_evicted_seqlen, swa_evict_floor=r.swa_evict_floor,
-                mamba=mamba_refs(r), swa_branching_seqlen=r.swa_branching_seqlen)
+                mamba=mamba_refs(r), swa_branching_seqlen=r.swa_branching_seqlen,
+                fill=r.fill if cfg.aliases_token_arrays else None)
         for r in sorted(dict(s.reqs).values(), key=lambda r: r.rid))
     slots = tuple(
         SlotView(sid=sid, row=t.row, committed=t.committed, allocated=t.allocated,

@@ -950,6 +950,8 @@ class SglangBackend:
                 committed_freed=bool(self._flag(req, "kv_committed_freed")),
                 overallocated_freed=bool(self._flag(req, "kv_overallocated_freed")),
                 row_pages=self._row_pages(row, allocated), mamba=hybrid.mamba_refs(req),
+                fill=(tuple(int(t) for t in req.full_untruncated_fill_ids)
+                      if cfg.aliases_token_arrays else None),
                 **self._swa_fields(req)))
         slots = []
         for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):

@@ -102,8 +102,7 @@ def check_trace(path: str, version: str | None, verbose: bool = False,
             return True, f"SKIP {path}: {e}"
         return False, f"ERROR {path}: {type(e).__name__}: {e}"
     name = backend.name
-    res = run_ops(tr.config, tr.ops, backend, backend_name=name,
-                  stop_unmodelled=tr.expect.stop_unmodelled)
+    res = run_ops(tr.config, tr.ops, backend, backend_name=name)
     backend.close()
     states, after = past_failure(tr, version) if past else (None, [])
     shape = shape_errors(tr, states, None if res.failure is None else res.failure.step + 1)
