@@ -267,14 +267,17 @@ def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
                       extra[0] if extra else {}, time.process_time() - c0)
 
 
-def _worker_setup() -> None:
-    """A check worker: one thread for torch (imported later, by the parts that need it),
-    so that N workers use N cores."""
-    import os
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def compiled_build() -> Optional[str]:
+    """Why the workers run interpreted, or None when a fresh compiled build exists."""
+    from kvcheck.compiled import NotBuilt, check_build
+    try:
+        check_build()
+    except NotBuilt as e:
+        return str(e)
+    return None
 
 
-def run_parts(parts: list, jobs: int, show) -> list:
+def run_parts(parts: list, jobs: int, show, compiled: bool = False) -> list:
     """Every part, in `jobs` processes (1: inline, each part's output as it comes). Parts
     are handed out in list order (the longest first), and each is shown by `show(result)`
     as it finishes; the results come back in list order whatever the finishing order.
@@ -286,9 +289,11 @@ def run_parts(parts: list, jobs: int, show) -> list:
             out.append(run_part(p, capture=False))
             show(out[-1])
         return out
+    from functools import partial
+
     from impl import faults
-    from kvcheck.procs import WorkerPool
-    pool = WorkerPool(min(jobs, len(parts)), setup=_worker_setup)
+    from kvcheck.procs import WorkerPool, check_worker
+    pool = WorkerPool(min(jobs, len(parts)), setup=partial(check_worker, compiled))
     done: dict = {}
     try:
         planted = tuple(sorted(faults.ACTIVE))
@@ -353,15 +358,19 @@ def cmd_check(args) -> int:
     load_corpus(corpus_paths + [REGRESSIONS / "planted"])
     parts = check_parts(args, corpus_paths, accept)
     jobs = args.jobs or usable_cores()
+    why_not = "--interpreted" if args.interpreted else compiled_build()
+    compiled = jobs > 1 and why_not is None
     if jobs > 1:
         print(f"kvcheck check: {len(parts)} parts in {min(jobs, len(parts))} processes "
-              "(--jobs 1: one at a time); each part is shown when it finishes", flush=True)
+              "(--jobs 1: one at a time); each part is shown when it finishes; the spec "
+              + ("compiled (make cython's build, fresh)" if compiled else
+                 f"interpreted ({why_not})"), flush=True)
 
     def show(r: PartResult) -> None:
         print(f"   {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) {r.detail}", flush=True)
 
     t0 = time.monotonic()
-    results = run_parts(parts, jobs, show)
+    results = run_parts(parts, jobs, show, compiled)
     goals = [r.extra["goals"] for r in results if "goals" in r.extra]
     if goals:                   # a goal is met when any scope of the preset reaches it
         gaps = unreached_goals(goals)
@@ -384,6 +393,6 @@ def cmd_check(args) -> int:
                              f"{min(jobs, len(parts))} processes)" if jobs > 1 else ""))
     beyond = next((r.extra["beyond"] for r in results if "beyond" in r.extra), {})
     write_reports(cases, wall, args.junit_xml, args.json, backend=args.backend,
-                  examples=args.examples, beyond=beyond, jobs=jobs,
+                  examples=args.examples, beyond=beyond, jobs=jobs, compiled=compiled,
                   seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
     return 1 if failed else 0

@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="parts run in this many processes at once, the exploration one process "
                         "per scope (1: one part after another, output as it comes); None: one "
                         "per usable core. Results do not depend on it")
+    c.add_argument("--interpreted", action="store_true",
+                   help="run the spec interpreted even when `make cython` has built it (by "
+                        "default worker processes use a build that matches the sources; "
+                        "tests/test_compiled.py shows both explore the same states)")
     _no_cache_flag(c)
     c.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
                    help="the differential part's fuzz engine (walk or hypothesis)")

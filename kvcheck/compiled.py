@@ -10,8 +10,10 @@ The extension modules go to build/cython/ (git-ignored) with a manifest of the h
 of the sources they were built from. `activate()` puts them in front of the sources
 only when every hash still matches (a stale build is refused, so an edit of the model is
 never shadowed by old machine code); without a build, or without Cython, everything runs
-interpreted exactly as before. Nothing else in kvcheck imports this module, so every
-other entry point (tests, `kvcheck`, `make check`) is unaffected by a build.
+interpreted exactly as before. Besides this module's own entry point, only `kvcheck check`
+uses a build: its worker processes activate it, when it matches the sources, before they
+import anything of the spec (`kvcheck check --interpreted` does not); every other entry
+point (tests, `kvcheck explore`, `fuzz`, ...) is unaffected by a build.
 """
 from __future__ import annotations
 

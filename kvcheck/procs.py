@@ -51,3 +51,21 @@ class WorkerPool:
             p.terminate()
         for p in procs:
             p.join(5)
+
+
+def check_worker(compiled: bool = False) -> None:
+    """A `kvcheck check` worker: one thread for torch (imported later, by the parts that
+    need it), so that N workers use N cores; `compiled`: the Cython build of the
+    explorer's modules (kvcheck/compiled.py, the same sources, found fresh by the driver)
+    in front of the sources. It lives here, in a module that imports nothing of the spec,
+    so that nothing of the spec is imported before the build is put in front; if something
+    was, the worker says so and runs interpreted."""
+    import sys
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if compiled:
+        from kvcheck.compiled import activate
+        try:
+            activate()
+        except RuntimeError as e:
+            print(f"kvcheck check: worker {os.getpid()} runs interpreted: {e}",
+                  file=sys.stderr, flush=True)

@@ -93,3 +93,24 @@ def test_a_fault_planted_in_the_driver_is_planted_in_every_worker(tmp_path):
         two = C.run_parts([part, part], 2, lambda r: None)
     assert all(r.ok for r in clean)
     assert not one[0].ok and summary(two) == summary(one) * 2
+
+
+def spec_mode(name):
+    """A part that says whether its process runs the spec compiled."""
+    import spec.model
+    from kvcheck.compiled import is_compiled
+    return True, "compiled" if is_compiled(spec.model) else "interpreted", []
+
+
+def test_workers_run_a_fresh_compiled_build_and_give_the_same_results(tmp_path):
+    from kvcheck import compiled
+    try:
+        compiled.check_build()
+    except compiled.NotBuilt as e:
+        pytest.skip(str(e))
+    assert C.compiled_build() is None
+    ps = [C.Part("mode", spec_mode)] + parts(tmp_path)[:1]
+    interp = C.run_parts(ps, 2, lambda r: None, compiled=False)
+    comp = C.run_parts(ps, 2, lambda r: None, compiled=True)
+    assert (interp[0].detail, comp[0].detail) == ("interpreted", "compiled")
+    assert summary(interp[1:]) == summary(comp[1:])
