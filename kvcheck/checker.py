@@ -11,6 +11,7 @@ upstream assertion the spec itself reached) with the owner, the page and the num
 """
 from __future__ import annotations
 
+import copy
 import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
@@ -135,7 +136,6 @@ class Lockstep:
         """An independent copy to go on from (kvcheck/engines/exhaustive.py): the spec's
         states are never mutated once made (a step returns a new one), so they are shared;
         the backend is deep-copied (impl/'s tensors and tree copy in process)."""
-        import copy
         other = copy.copy(self)
         if self.backend is not None:
             # values never mutated in place are shared, not copied: the configuration and

@@ -1263,7 +1263,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also try schedule(admit=false)")
     g.add_argument("--max-depth", type=T.positive_int, help="operations per path")
     b = p.add_argument_group("search")
-    b.add_argument("--backend", choices=("spec", "impl"), default="spec",
+    from kvcheck.engines.exhaustive import COPYABLE
+    b.add_argument("--backend", choices=("spec", *COPYABLE), default="spec",
                    help="spec: the spec's invariants on every state and transition; impl: then "
                         "also every transition of the explored scope on the spec and impl side by "
                         "side, compared step by step (kvcheck/engines/exhaustive.py)")
@@ -1330,7 +1331,6 @@ def _check_transitions(res: Result, args, traces: list) -> int:
     """The scope's every transition on the spec and args.backend (exit code 1 on a failing
     step, whose trace and HTML report are written as a violation's are)."""
     from kvcheck.engines.exhaustive import ForkError, check_transitions
-    from kvcheck.html_report import write_html_report
     from kvcheck.trace import failure_trace
 
     def prog(rep, el):
@@ -1348,13 +1348,20 @@ def _check_transitions(res: Result, args, traces: list) -> int:
     if rep.failure is None:
         return 0
     f = rep.failure
-    path = Path(args.out) / f"{res.scope.name}-{f.id}-{f.side}.json"
-    failure_trace(res.scope.cfg, rep.ops, f, {"source": "explore", "scope": res.scope.name,
-                                              "backend": rep.backend}).save(path)
-    traces.append(path)
-    print(f"  trace: {path}  (replay: kvcheck replay {path})")
-    print(f"  report: {write_html_report(path, backend=rep.backend)}")
+    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend}
+    traces.append(_write_trace(failure_trace(res.scope.cfg, rep.ops, f, meta),
+                               Path(args.out) / f"{res.scope.name}-{f.id}-{f.side}.json",
+                               rep.backend))
     return 1
+
+
+def _write_trace(trace, path: Path, backend: str) -> Path:
+    """A counterexample's trace file and its HTML report, each named on stdout."""
+    from kvcheck.html_report import write_html_report
+    trace.save(path)
+    print(f"  trace: {path}  (replay: kvcheck replay {path})")
+    print(f"  report: {write_html_report(path, backend=backend)}")
+    return path
 
 
 def _progress(res: Result, depth: int, nxt: int, el: float) -> None:
@@ -1384,7 +1391,6 @@ def main(args) -> int:
 def run_scope(sc: Scope, args) -> tuple:
     """Explore one scope as `kvcheck explore` does (report on stdout, a trace and an HTML
     report per violation under args.out): (exit code, results, trace paths)."""
-    from kvcheck.html_report import write_html_report
     rc, traces = 0, []
     prog = None if getattr(args, "quiet", False) else _progress
     kw = dict(all_violations=args.all_violations, max_states=args.max_states,
@@ -1398,10 +1404,7 @@ def run_scope(sc: Scope, args) -> tuple:
         sys.stdout.flush()
         for v in res.violations:
             path = Path(args.out) / f"{sc.name}-{v.id}{'' if res.symmetric else '-nosym'}.json"
-            to_trace(res, v).save(path)
-            traces.append(path)
-            print(f"  trace: {path}  (replay: kvcheck replay {path})")
-            print(f"  report: {write_html_report(path, backend='spec')}")
+            traces.append(_write_trace(to_trace(res, v), path, "spec"))
         if res.violations:
             rc = 1
         elif getattr(args, "backend", "spec") != "spec":
