@@ -49,7 +49,7 @@ def test_a_planted_fault_is_found_at_its_shortest_and_the_trace_replays(tmp_path
         rc = cli.main(["explore", "--preset", "tiny", "--backend", "impl", "--quiet",
                        "--out", str(tmp_path)])
         out = capsys.readouterr().out
-        assert rc == 1 and "FAILED at step 4" in out, out
+        assert rc == 1 and "FAILED:\nFAIL at step 4" in out, out
         path = tmp_path / "tiny-C1-impl.json"
         t = load(path)
         assert (t.expect.invariant, t.expect.step, t.expect.backend, len(t.ops)) == ("C1", 4, "impl", 5)

@@ -46,7 +46,7 @@ class TransitionReport:
             head += f", {self.seconds:.1f} s ({self.rate:,.0f}/s)"
         if self.failure is None:
             return head + ", every step agreed"
-        return head + f"; FAILED at step {self.failure.step}: {self.failure.render()}"
+        return head + "; FAILED:\n" + self.failure.render()
 
     def line(self) -> str:
         return self.verdict(timing=True)
