@@ -135,9 +135,14 @@ class Lockstep:
     def fork(self) -> "Lockstep":
         """An independent copy to go on from (kvcheck/engines/exhaustive.py): the spec's
         states are never mutated once made (a step returns a new one), so they are shared;
-        the backend is deep-copied (impl/'s tensors and tree copy in process)."""
+        the backend copies itself where it can (`fork()`: a served sglang release copies
+        its bookkeeping in its own process) and is deep-copied otherwise (impl/'s tensors
+        and tree copy in process)."""
         other = copy.copy(self)
-        if self.backend is not None:
+        fork = getattr(self.backend, "fork", None)
+        if fork is not None:        # a backend that copies itself (adapters/sglang: served)
+            other.backend = fork()
+        elif self.backend is not None:
             # values never mutated in place are shared, not copied: the configuration and
             # the backend's last abstract view (replaced, never changed, by each step)
             shared = (self.cfg, getattr(self.backend, "_kvcheck_prev", None))

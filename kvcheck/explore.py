@@ -1263,11 +1263,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also try schedule(admit=false)")
     g.add_argument("--max-depth", type=T.positive_int, help="operations per path")
     b = p.add_argument_group("search")
-    from kvcheck.engines.exhaustive import COPYABLE
-    b.add_argument("--backend", choices=("spec", *COPYABLE), default="spec",
-                   help="spec: the spec's invariants on every state and transition; impl: then "
-                        "also every transition of the explored scope on the spec and impl side by "
-                        "side, compared step by step (kvcheck/engines/exhaustive.py)")
+    b.add_argument("--backend", type=T.backend, default="spec",
+                   help="spec: the spec's invariants on every state and transition; impl or "
+                        "sglang:VERSION: then also every transition of the explored scope on the "
+                        "spec and that system side by side, compared step by step "
+                        "(kvcheck/engines/exhaustive.py)")
     b.add_argument("--no-symmetry", action="store_true", help="no symmetry reduction")
     b.add_argument("--compare", action="store_true",
                    help="run with and without symmetry reduction and compare")

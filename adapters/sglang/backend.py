@@ -27,6 +27,7 @@ so a token/KV mismatch produced by upstream's index bookkeeping is visible.
 """
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import os
 import sys
@@ -151,6 +152,24 @@ class _Live:
         self.batch = None
 
 
+class _ShadowClearing:
+    """An allocator's `free` (token indices) or `free_page_ids` (page ids), wrapped to
+    drop the freed pages' shadow content first. An object holding the bound method and
+    the shadow, not a closure, so that a deep copy of the backend (a fork of the
+    exhaustive walk) frees through the copy's allocator into the copy's shadow."""
+
+    def __init__(self, real, shadow: dict, page_size: int, by_page: bool):
+        self.real, self.shadow, self.P, self.by_page = real, shadow, page_size, by_page
+
+    def __call__(self, ids):
+        if ids is not None and ids.numel() > 0:
+            div = 1 if self.by_page else self.P
+            for page in set((ids.to("cpu").long() // div).tolist()):
+                for o in range(self.P):
+                    self.shadow.pop(page * self.P + o, None)
+        return self.real(ids)
+
+
 def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
     """Why a release of this `api` ('flat' | 'borrow'; None: not known yet) cannot run
     cfg, or None: the other era's design, or a hybrid model this adapter does not drive
@@ -163,8 +182,48 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
     return hybrid.refusal(cfg, api)
 
 
+def _copy_instance_dict(self, memo):
+    """__deepcopy__ for an upstream class whose __getattr__ forwards to an attribute
+    (0.5.15's StreamingSession -> self.inner): copy.deepcopy's default rebuilds the
+    object empty and asks it for __setstate__, which __getattr__ looks up on the missing
+    `inner` forever. The instance dictionary is copied as the default would."""
+    cls = type(self)
+    y = cls.__new__(cls)
+    memo[id(self)] = y
+    y.__dict__.update(copy.deepcopy(self.__dict__, memo))
+    return y
+
+
+_SCANNED_MODULES = [0]
+
+
+def _make_forwarders_copyable() -> None:
+    """Give every loaded upstream class that defines __getattr__ (and keeps an instance
+    dictionary) that copier. Called before each fork (a scan only when modules were loaded
+    since the last): copying changes nothing else."""
+    if len(sys.modules) == _SCANNED_MODULES[0]:
+        return
+    _SCANNED_MODULES[0] = len(sys.modules)
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not name.startswith("sglang."):
+            continue
+        for cls in list(vars(mod).values()):
+            if (isinstance(cls, type) and cls.__module__ == name and "__getattr__" in vars(cls)
+                    and "__deepcopy__" not in vars(cls) and "__slots__" not in vars(cls)):
+                cls.__deepcopy__ = _copy_instance_dict
+
+
 class SglangBackend:
     """kvcheck Backend over the installed sglang release (see module docstring)."""
+
+    def fork(self) -> "SglangBackend":
+        """An independent copy of the release's whole bookkeeping (pools, tree, session
+        controller, live requests, the shadow KV content), for the exhaustive walk
+        (kvcheck/engines/exhaustive.py). Every wrapper the adapter installs on an upstream
+        object is an object, never a closure, so that the copy's wrappers act on the copy
+        (tests/test_sglang_fork.py compares forks with fresh replays)."""
+        _make_forwarders_copyable()
+        return copy.deepcopy(self)
 
     def __init__(self, cfg: Config, expect_version: str | None = None,
                  refuse: bool = True) -> None:
@@ -252,32 +311,13 @@ class SglangBackend:
         """Clear the shadow content of every page upstream's allocator frees (the full
         side's allocator under SWA: the tree's tombstone recovery frees through it)."""
         full = swa_tree.full_allocator(self.alloc)
-        real_free = full.free
-        P = self.P
-        shadow = self.shadow
-
-        def free(free_index):
-            if free_index is not None and free_index.numel() > 0:
-                for page in set((free_index.to("cpu").long() // P).tolist()):
-                    for o in range(P):
-                        shadow.pop(page * P + o, None)
-            return real_free(free_index)
-
-        full.free = free
-        real_free_page_ids = getattr(full, "free_page_ids", None)
-        if real_free_page_ids is None:
-            return
-
-        def free_page_ids(page_ids):
+        full.free = _ShadowClearing(full.free, self.shadow, self.P, by_page=False)
+        if getattr(full, "free_page_ids", None) is not None:
             # 0.5.23 paged allocator: free_segment (tree eviction, segment frees; under SWA
             # the full side's `free_full_segment` too) releases page ids here, never
             # through free()
-            for page in set(page_ids.to("cpu").long().tolist()):
-                for o in range(P):
-                    shadow.pop(page * P + o, None)
-            return real_free_page_ids(page_ids)
-
-        full.free_page_ids = free_page_ids
+            full.free_page_ids = _ShadowClearing(full.free_page_ids, self.shadow, self.P,
+                                                 by_page=True)
 
     # -- small upstream-named helpers ---------------------------------------------
 

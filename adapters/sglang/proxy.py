@@ -15,11 +15,13 @@ re-initialised for each new backend (imports take ~6 s; a re-init takes millisec
 from __future__ import annotations
 
 import atexit
+import copy
 import importlib.util
 import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 from spec.abstract import AbstractState
@@ -80,8 +82,12 @@ class _Server:
             under + ["-m", "adapters.sglang.run_trace", "--serve"], cwd=str(ROOT), env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
+        self.dropped: list[int] = []    # handles of proxies gone, sent with the next call
 
     def call(self, msg: dict) -> dict:
+        if self.dropped:
+            msg = {**msg, "drop": self.dropped}
+            self.dropped = []
         if self.proc.poll() is not None:
             raise RuntimeError(f"sglang server exited with status {self.proc.returncode}")
         self.proc.stdin.write(json.dumps(msg) + "\n")
@@ -168,15 +174,33 @@ class SglangProxy:
         self.name = reply["backend"]
         self.version = reply["version"]
         self.api = reply["api"]
-        snap = server.call({"cmd": "state"})
+        self._own(reply["handle"])
+        snap = server.call({"cmd": "state", "handle": self._handle})
         self._take(snap)
+
+    def _own(self, handle: int) -> None:
+        """Address the served backend `handle`; when this proxy goes, the server is told
+        (with its next request) to drop it."""
+        self._handle = handle
+        weakref.finalize(self, self._server.dropped.append, handle)
+
+    def fork(self) -> "SglangProxy":
+        """An independent copy (the served release's bookkeeping deep-copied in its own
+        process: SglangBackend.fork), for the exhaustive walk."""
+        reply = self._server.call({"cmd": "fork", "handle": self._handle})
+        if "error" in reply:
+            raise RuntimeError(f"[{self.name}] fork: {reply['error']}")
+        other = copy.copy(self)
+        other._viol = list(self._viol)
+        other._own(reply["handle"])
+        return other
 
     def _take(self, reply: dict) -> None:
         self._state = self._state_from_json(reply["state"])
         self._viol = [self._viol_from_json(v) for v in reply["violations"]]
 
     def apply(self, op: Op) -> str:
-        reply = self._server.call({"cmd": "apply", "op": op.to_json()})
+        reply = self._server.call({"cmd": "apply", "op": op.to_json(), "handle": self._handle})
         if "error" in reply:
             raise RuntimeError(f"[{self.name}] {reply['error']}")
         self._take(reply)

@@ -14,11 +14,17 @@ Exit status 0 when every op ran (whatever the states are: comparing them with th
 is the checker's job), 3 when an op raised, 2 for an unusable trace or release.
 
 --serve: one JSON request per line, one JSON reply per line:
-    {"cmd": "init", "config": {...}, "version": "0.5.15"?}  -> {"ok": true, "backend": ...}
-    {"cmd": "apply", "op": {...}}   -> {"outcome": ..., "state": ..., "violations": [...]}
-    {"cmd": "state"}                -> {"state": ..., "violations": [...]}
+    {"cmd": "init", "config": {...}, "version": "0.5.15"?}
+                                    -> {"ok": true, "backend": ..., "handle": H}
+    {"cmd": "apply", "op": {...}, "handle": H?} -> {"outcome": ..., "state": ..., "violations": [...]}
+    {"cmd": "state", "handle": H?}  -> {"state": ..., "violations": [...]}
+    {"cmd": "fork", "handle": H?}   -> {"handle": H2}: an independent copy of backend H
+                                       (SglangBackend.fork), for the exhaustive walk
     {"cmd": "close"}                -> {"ok": true}
-Any failure answers {"error": "...", "kind": "ExceptionName"}.
+Every backend made by init or fork is kept under its handle (never reused) until a
+request names it in "drop": [H, ...] (dropped before the request runs); a request without
+"handle" addresses the latest init's backend. Any failure answers
+{"error": "...", "kind": "ExceptionName"}.
 """
 from __future__ import annotations
 
@@ -67,26 +73,41 @@ def replay(trace: dict, version: str | None = None) -> tuple[dict, int]:
 def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
     from spec.config import Config
     from spec.ops import op_from_json
-    backend = None
+    backends: dict = {}          # handle -> SglangBackend
+    latest = None                # the latest init's handle
+    handles = iter(range(1, 1 << 62))
     for line in stdin:
         line = line.strip()
         if not line:
             continue
         try:
             msg = json.loads(line)
+            for h in msg.get("drop", ()):
+                backends.pop(h, None)
             cmd = msg.get("cmd")
+            if cmd in ("apply", "state", "fork"):
+                h = msg.get("handle", latest)
+                if h not in backends:
+                    raise LookupError(f"no backend under handle {h!r} (dropped, or no init yet)")
+                backend = backends[h]
             if cmd == "init":
                 from adapters.sglang.backend import SglangBackend
                 backend = SglangBackend(Config.from_json(msg["config"]),
                                         expect_version=msg.get("version"),
                                         refuse=msg.get("refuse", True))
+                latest = next(handles)
+                backends[latest] = backend
                 reply = {"ok": True, "backend": backend.name, "version": backend.version,
-                         "api": backend.api}
+                         "api": backend.api, "handle": latest}
             elif cmd == "apply":
                 outcome = backend.apply(op_from_json(msg["op"]))
                 reply = {"outcome": outcome, **_snapshot(backend)}
             elif cmd == "state":
                 reply = _snapshot(backend)
+            elif cmd == "fork":
+                h2 = next(handles)
+                backends[h2] = backend.fork()
+                reply = {"handle": h2}
             elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe",
                          "swa_unified_probe"):
                 from adapters.sglang import hybrid, swa_unified
@@ -98,8 +119,8 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 else:
                     reply = getattr(hybrid, cmd)(cfg)
             elif cmd == "close":
-                if backend is not None:
-                    backend.close()
+                for b in backends.values():
+                    b.close()
                 reply = {"ok": True}
                 stdout.write(json.dumps(reply) + "\n")
                 stdout.flush()

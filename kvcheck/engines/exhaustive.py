@@ -10,21 +10,20 @@ operation the explorer tried there, including those into states already visited 
 transition the backend gets wrong may well lead the spec somewhere known), each checked
 as every run checks a step: the spec's invariants, the backend's concrete checks, the
 abstract states compared. A state's operations run on copies of the pair
-(`Lockstep.fork`: the backend deep-copied), the last tree edge on the pair itself.
+(`Lockstep.fork`: impl/ deep-copied; a real sglang release, served in its own venv,
+copies its bookkeeping there under a new handle: adapters/sglang/run_trace.py "fork"),
+the last tree edge on the pair itself.
 
 So within a scope the backend is checked exhaustively, where fuzzing samples: every
-operation of the scope's domains at every reachable state up to the depth bound. A real
-release behind a server (adapters/sglang) cannot be copied, so this runs on impl/ only.
+operation of the scope's domains at every reachable state up to the depth bound, on
+impl/ (`make check`, preset check-impl) and on each real release (`make check-sglang`,
+presets check-sglang-0.5.15 and check-sglang-0.5.23).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
-
-COPYABLE = ("impl",)
-"""The backends a transition check can drive (their state copies in process)."""
-
 
 @dataclass
 class TransitionReport:
@@ -34,6 +33,8 @@ class TransitionReport:
     seconds: float = 0.0
     failure: Optional[object] = None   # kvcheck.checker.Failure of the first failing step
     ops: list = field(default_factory=list)   # the operations up to and with that step
+    skipped: dict = field(default_factory=dict)   # finding id -> its triggers not applied
+    unreached: int = 0                 # states only such a trigger leads to (not visited)
 
     @property
     def rate(self) -> float:
@@ -44,6 +45,10 @@ class TransitionReport:
                 f"from {self.states:,} states")
         if timing:
             head += f", {self.seconds:.1f} s ({self.rate:,.0f}/s)"
+        if self.skipped:
+            head += (f" (not applied: the triggers of recorded findings "
+                     f"{', '.join(f'{k} x{v:,}' for k, v in sorted(self.skipped.items()))}, "
+                     f"and the {self.unreached:,} states only they lead to)")
         if self.failure is None:
             return head + ", every step agreed"
         return head + "; FAILED:\n" + self.failure.render()
@@ -80,19 +85,32 @@ def tree_children(parents) -> list:
     return children
 
 
+def subtree_size(children, i: int) -> int:
+    """States in the spanning tree under state i, i included."""
+    n, todo = 0, [i]
+    while todo:
+        n += 1
+        todo.extend(children[todo.pop()])
+    return n
+
+
 def check_transitions(res, backend: str = "impl", progress: Optional[Callable] = None,
                       every: float = 2.0, visit: Optional[Callable] = None) -> TransitionReport:
     """Every transition of an explored scope (`explore(...)`'s Result, its visited set
-    kept) on the spec and `backend`, until the first failing step. `visit(path, lockstep)`
-    is called at every state the walk reaches (tests)."""
-    from kvcheck.backends import resolve
+    kept) on the spec and `backend`, until the first failing step. On a release with
+    recorded upstream findings (adapters/sglang/findings.py) their triggers are not
+    applied, as in a differential run without `--accept`: each finding stays checked by
+    its trace, and would otherwise be found again at once. `visit(path, lockstep)` is
+    called at every state the walk reaches (tests)."""
+    from kvcheck.backends import known_findings, resolve
     from kvcheck.checker import Lockstep
     from kvcheck.explore import candidate_ops
-    if backend not in COPYABLE:
-        raise ValueError(f"a transition check needs a backend whose state copies in process "
-                         f"({', '.join(COPYABLE)}), not {backend!r}")
     factory, bname = resolve(backend)
+    if factory is None:
+        raise ValueError("a transition check needs a system under test (impl, sglang:VERSION), "
+                         "not the spec alone")
     sc = res.scope
+    skip = known_findings(backend)
     _, parents, via = res.visited
     children = tree_children(parents)
     rep = TransitionReport(bname)
@@ -111,6 +129,12 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
         ops = [op for op in ops if op not in tree] + [op for op in ops if op in tree]
         last = len(ops) - 1
         for k, op in enumerate(ops):
+            finding = skip(lock.state, op) if skip is not None else None
+            if finding is not None:
+                rep.skipped[finding] = rep.skipped.get(finding, 0) + 1
+                if op in tree:
+                    rep.unreached += subtree_size(children, tree[op])
+                continue
             nxt = lock if k == last and op in tree else lock.fork()
             rep.transitions += 1
             _, fail = nxt.apply(op)
