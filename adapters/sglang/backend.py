@@ -28,6 +28,8 @@ so a token/KV mismatch produced by upstream's index bookkeeping is visible.
 from __future__ import annotations
 
 import copy
+import copyreg
+import importlib
 import importlib.metadata
 import os
 import sys
@@ -195,6 +197,15 @@ def _copy_instance_dict(self, memo):
 
 
 _SCANNED_MODULES = [0]
+
+
+def _same_module(name: str):
+    return importlib.import_module(name)
+
+
+# a module an upstream object keeps as an attribute (0.5.15's SWA tree) is the same module
+# in the copy: deepcopy asks copyreg how to rebuild it, and importing it again gives it back
+copyreg.pickle(types.ModuleType, lambda m: (_same_module, (m.__name__,)))
 
 
 def _make_forwarders_copyable() -> None:
