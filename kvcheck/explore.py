@@ -238,6 +238,29 @@ def _smaller(name: str, preset: str, scope: str, depth: int, cfg_kw: dict) -> Sc
 
 PRESETS["check-impl"] = tuple(_smaller(*x) for x in CHECK_IMPL)
 
+_NO_MAMBA = {"mamba_slots": 0, "mamba_extra_buffer": "off"}
+_P1 = {"page_size": 1, "num_pages": 6}
+CHECK_SGLANG = {
+    "0.5.15": (("sglang-tiny", "tiny", "tiny", 8, {}),
+               ("sglang-p1", "tiny", "tiny", 7, _P1),
+               ("sglang-p4-spec-chunk", "check", "check-p4-spec-chunk", 7, {}),
+               ("sglang-swa", "check", "check-hybrid", 6, _NO_MAMBA),
+               ("sglang-mamba-tree", "check", "check-mamba-tree-0515", 6, {})),
+    "0.5.23": (("sglang-tiny", "tiny", "tiny", 8, {"era": "borrow"}),
+               ("sglang-p1", "tiny", "tiny", 7, {"era": "borrow", **_P1}),
+               ("sglang-spec-borrow", "check", "check-spec-borrow", 7, {}),
+               ("sglang-swa", "check", "check-hybrid-borrow", 6, _NO_MAMBA),
+               ("sglang-mamba-tree", "check", "check-mamba-tree", 6, {})),
+}
+"""`make check-sglang`'s exhaustive differential against each release (`kvcheck explore
+--preset check-sglang-VERSION --backend sglang:VERSION`): check-impl's kinds of
+configuration in the release's era and the hybrid models its adapter drives (SWA without
+a Mamba pool; 0.5.15's MambaRadixCache, 0.5.23's Mamba tree component), page sizes 1, 2
+and 4, speculative overshoot and chunked prefill. About a minute per release here."""
+
+for _version, _scopes in CHECK_SGLANG.items():
+    PRESETS[f"check-sglang-{_version}"] = tuple(_smaller(*x) for x in _scopes)
+
 
 # ---------------------------------------------------------------------------
 # canonical state key (symmetry reduction)
@@ -1330,6 +1353,7 @@ def scopes_from_args(args) -> list:
 def _check_transitions(res: Result, args, traces: list) -> int:
     """The scope's every transition on the spec and args.backend (exit code 1 on a failing
     step, whose trace and HTML report are written as a violation's are)."""
+    from kvcheck.backends import BackendError
     from kvcheck.engines.exhaustive import ForkError, check_transitions
     from kvcheck.trace import failure_trace
 
@@ -1339,6 +1363,12 @@ def _check_transitions(res: Result, args, traces: list) -> int:
               f"{el:.0f} s", file=sys.stderr, flush=True)
     try:
         rep = check_transitions(res, args.backend, None if getattr(args, "quiet", False) else prog)
+    except (ConfigError, BackendError) as e:     # the release refuses this configuration
+        res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
+        print(f"  {res.backend_check}")
+        print(f"kvcheck explore: error: {args.backend} cannot run scope {res.scope.name}: {e}",
+              file=sys.stderr)
+        return 2
     except ForkError as e:
         res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
         print(f"  {res.backend_check}")
