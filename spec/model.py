@@ -771,7 +771,7 @@ def _finish_req(s: State, sid: int, req: Req) -> None:
     if sess.inflight_rid == req.rid or accepts(s, "U1"):
         sess.inflight_rid = None        # FIX(H3); upstream: `self._inflight = False`
     sess.checkpoint = req.fill_ids
-    prev = s.reqs.get(sess.last_rid) if accepts(s, "U2") else None
+    prev = _req_nodes_request(s, sess) if accepts(s, "U2") else None
     if prev is not None:                # after an accepted U2: req_nodes' request still live
         prev.session = None             # `prev_node.req.session = None` (even req itself)
     sess.last_rid, sess.committed_origin = req.rid, req.origin
@@ -790,9 +790,18 @@ def _sync_checkpoints(s: State) -> None:
     (`origin_input_ids[:committed_origin_len] + output_ids[:max_new_tokens]`). A request
     still live after its `finish_req` (a retract under accepted U2) moves it."""
     for sess in s.sessions.values():
-        r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
+        r = _req_nodes_request(s, sess)
         if r is not None:
             _sync_checkpoint(sess, r)
+
+
+def _req_nodes_request(s: State, sess: Session) -> Optional[Req]:
+    """req_nodes' request if it is still live (only after an accepted U2), else None. Not
+    merely the live request with its rid: a client may reuse a finished request's rid
+    (upstream refuses only a rid still in flight), and a new request under that rid is not
+    the one `finish_req` recorded."""
+    r = s.reqs.get(sess.last_rid) if sess.last_rid is not None else None
+    return r if r is not None and r.req_nodes else None
 
 
 def _sync_checkpoint(sess: Session, r: Req) -> None:
@@ -1213,7 +1222,7 @@ def _finished(s: State, req: Req, reason: str) -> None:
     plain request, but req_nodes still reads its arrays)."""
     req.finished_reason = reason
     for sess in s.sessions.values():
-        if sess.last_rid == req.rid:
+        if req.req_nodes and sess.last_rid == req.rid:
             sess.last_unfinished = False
             if accepts(s, "U2"):        # req_nodes' request is live only after a U2 retract
                 _sync_checkpoint(sess, req)
