@@ -123,3 +123,12 @@ def writable_file(text: str) -> Path:
         raise argparse.ArgumentTypeError(f"{text} is not writable")
     _probe_writable(parent)
     return path
+
+
+def accept_flag(p) -> None:
+    """`--accept`, as check, fuzz and explore take it (kvcheck.backends.parse_accept)."""
+    p.add_argument("--accept", metavar="U1,U2,...", default=None,
+                   help="recorded upstream findings (docs/upstream-findings.md) whose behaviour "
+                        "the spec takes, so a run drives their paths (a sequence they take past "
+                        "the model stops being compared and is counted in the report); spec or "
+                        "sglang backends only (None: the fixed behaviour)")

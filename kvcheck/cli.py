@@ -71,14 +71,6 @@ def _add_campaign_flags(p) -> None:
                    help="shrinking budget in replays of the trace (0: no shrinking)")
 
 
-def _accept_flag(p) -> None:
-    p.add_argument("--accept", metavar="U1,U2,...", default=None,
-                   help="recorded upstream findings (docs/upstream-findings.md) whose behaviour "
-                        "the spec takes, so a run drives their paths (a sequence they take past "
-                        "the model stops being compared and is counted in the report); spec or "
-                        "sglang backends only (None: the fixed behaviour)")
-
-
 def _no_cache_flag(p) -> None:
     p.add_argument("--no-cache", action="store_true",
                    help="rerun every proof; by default a proof whose covered sources (spec/pages.py, "
@@ -155,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a JUnit XML report (one test case per part and per corpus trace)")
     c.add_argument("--json", type=T.writable_file, metavar="FILE",
                    help="also write a JSON summary (parts, failures, trace paths, seeds, timings)")
-    _accept_flag(c)
+    T.accept_flag(c)
 
     f = _command(sub, "fuzz", "randomised differential runs for a time budget",
                  "kvcheck fuzz --seconds 300 --seed 7", cmd_fuzz)
@@ -166,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _backend_flag(f)
     f.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where shrunk failure traces go")
     _add_campaign_flags(f)
-    _accept_flag(f)
+    T.accept_flag(f)
     f.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the campaign as Ray tasks (a local Ray without ADDRESS; needs "
                         "pip install 'kvcheck[ray]')")

@@ -1053,13 +1053,19 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                 op_counts[name] += 1
                 try:
                     s2, out = step(s, op, True)
-                except M.ModelError as e:
-                    found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
-                                  str(e), d1, trace_of(idx, op))
-                    s2 = None
-                except Exception as e:  # a defect in spec/ itself
-                    found = Found(SPEC_EXCEPTION, "the spec raised",
-                                  f"{type(e).__name__}: {e}", d1, trace_of(idx, op))
+                except Exception as e:
+                    if cfg.accept:
+                        # under --accept the search judges nothing (check is off): a step
+                        # that raises is a leaf, and the transition check's lockstep tells
+                        # a path past the accepted findings' model (it stopped comparing
+                        # there) from a defect of the spec (reported, as always)
+                        continue
+                    if isinstance(e, M.ModelError):
+                        found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
+                                      str(e), d1, trace_of(idx, op))
+                    else:                   # a defect in spec/ itself
+                        found = Found(SPEC_EXCEPTION, "the spec raised",
+                                      f"{type(e).__name__}: {e}", d1, trace_of(idx, op))
                     s2 = None
                 if s2 is None:
                     # an exception inside the step: keep going to the end of this level,
@@ -1291,6 +1297,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sglang:VERSION: then also every transition of the explored scope on the "
                         "spec and that system side by side, compared step by step "
                         "(kvcheck/engines/exhaustive.py)")
+    T.accept_flag(b)
     b.add_argument("--no-symmetry", action="store_true", help="no symmetry reduction")
     b.add_argument("--compare", action="store_true",
                    help="run with and without symmetry reduction and compare")
@@ -1306,6 +1313,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="exit 1 when an applicable reachability goal is not reached")
 
 
+def accepted_findings(args) -> tuple:
+    """`--accept` (a ValueError for a usage error): only with a release to compare with,
+    since under it the spec follows upstream's recorded behaviour and the invariants are
+    judged on every transition by the lockstep (kvcheck.checker: a step past the accepted
+    findings' model stops the comparison there), not by the search."""
+    from kvcheck.backends import parse_accept
+    backend = getattr(args, "backend", "spec")
+    accept = parse_accept(getattr(args, "accept", None), backend)
+    if accept and not backend.startswith("sglang"):
+        raise ValueError("--accept needs --backend sglang:VERSION: the transition check judges "
+                         "the accepted findings' paths step by step")
+    return accept
+
+
 def scopes_from_args(args) -> list:
     if args.preset not in PRESETS:
         raise ValueError(f"unknown preset {args.preset!r}; known: {', '.join(PRESETS)}")
@@ -1318,6 +1339,7 @@ def scopes_from_args(args) -> list:
             raise ValueError(f"preset {args.preset!r} has no scope {', '.join(map(repr, unknown))}; "
                              f"its scopes: {', '.join(names)}")
         chosen = [sc for sc in chosen if sc.name in only]
+    accept = accepted_findings(args)
     out = []
     for sc in chosen:
         ckw = {}
@@ -1329,6 +1351,8 @@ def scopes_from_args(args) -> list:
                 ckw[f] = v
         if getattr(args, "chunk_size", None) is not None:
             ckw["chunk_size"] = args.chunk_size or None
+        if accept:
+            ckw["accept"] = accept
         cfg = replace(sc.cfg, **ckw) if ckw else sc.cfg     # replace re-validates
         skw = {}
         for f in ("sessions", "plain", "max_live", "prompts", "turns", "max_new",
@@ -1424,7 +1448,12 @@ def run_scope(sc: Scope, args) -> tuple:
     rc, traces = 0, []
     prog = None if getattr(args, "quiet", False) else _progress
     kw = dict(all_violations=args.all_violations, max_states=args.max_states,
-              max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
+              max_seconds=args.max_seconds, check=not args.no_check and not sc.cfg.accept,
+              progress=prog)
+    if sc.cfg.accept:
+        print(f"[{sc.name}] --accept {','.join(sc.cfg.accept)}: the spec takes upstream's "
+              f"behaviour there; the invariants are judged on every transition against "
+              f"{args.backend}")
     runs = [True, False] if args.compare else [not args.no_symmetry]
     results = []
     for sym in runs:

@@ -72,7 +72,18 @@ def test_a_failure_a_fresh_replay_does_not_show_is_a_fork_error(monkeypatch):
         X.check_transitions(res)
 
 
-def test_only_a_copyable_backend_is_driven():
+def test_the_spec_alone_is_no_system_under_test():
     res = E.explore(replace(TINY, max_depth=2))
-    with pytest.raises(ValueError, match="copies in process"):
-        X.check_transitions(res, "sglang:0.5.23")
+    with pytest.raises(ValueError, match="needs a system under test"):
+        X.check_transitions(res, "spec")
+
+
+def test_accept_needs_a_release(tmp_path, capsys):
+    """Under --accept the search judges nothing itself: the lockstep against a release
+    does, so --accept with the spec alone or impl/ is a usage error."""
+    for backend in ("spec", "impl"):
+        rc = cli.main(["explore", "--preset", "tiny", "--backend", backend, "--accept", "U1",
+                       "--quiet", "--out", str(tmp_path)])
+        assert rc == 2, backend
+    err = capsys.readouterr().err
+    assert "--accept needs --backend sglang:VERSION" in err and "impl/ implements" in err

@@ -20,6 +20,7 @@ is the checker's job), 3 when an op raised, 2 for an unusable trace or release.
     {"cmd": "state", "handle": H?}  -> {"state": ..., "violations": [...]}
     {"cmd": "fork", "handle": H?}   -> {"handle": H2}: an independent copy of backend H
                                        (SglangBackend.fork), for the exhaustive walk
+    {"cmd": "handles"}              -> {"handles": [H, ...]}: the backends kept
     {"cmd": "close"}                -> {"ok": true}
 Every backend made by init or fork is kept under its handle (never reused) until a
 request names it in "drop": [H, ...] (dropped before the request runs); a request without
@@ -108,6 +109,8 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 h2 = next(handles)
                 backends[h2] = backend.fork()
                 reply = {"handle": h2}
+            elif cmd == "handles":
+                reply = {"handles": sorted(backends)}
             elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe",
                          "swa_unified_probe"):
                 from adapters.sglang import hybrid, swa_unified

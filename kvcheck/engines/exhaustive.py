@@ -35,6 +35,8 @@ class TransitionReport:
     ops: list = field(default_factory=list)   # the operations up to and with that step
     skipped: dict = field(default_factory=dict)   # finding id -> its triggers not applied
     unreached: int = 0                 # states only such a trigger leads to (not visited)
+    beyond: int = 0                    # under accept: transitions past the model (not gone on)
+    beyond_states: int = 0             # states only they lead to (not visited)
 
     @property
     def rate(self) -> float:
@@ -49,6 +51,9 @@ class TransitionReport:
             head += (f" (not applied: the triggers of recorded findings "
                      f"{', '.join(f'{k} x{v:,}' for k, v in sorted(self.skipped.items()))}, "
                      f"and the {self.unreached:,} states only they lead to)")
+        if self.beyond:
+            head += (f" ({self.beyond:,} went past the accepted findings' model and stopped "
+                     f"there, with the {self.beyond_states:,} states only they lead to)")
         if self.failure is None:
             return head + ", every step agreed"
         return head + "; FAILED:\n" + self.failure.render()
@@ -100,8 +105,11 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     kept) on the spec and `backend`, until the first failing step. On a release with
     recorded upstream findings (adapters/sglang/findings.py) their triggers are not
     applied, as in a differential run without `--accept`: each finding stays checked by
-    its trace, and would otherwise be found again at once. `visit(path, lockstep)` is
-    called at every state the walk reaches (tests)."""
+    its trace, and would otherwise be found again at once. Under the scope's
+    `Config.accept` they are applied, the spec taking upstream's behaviour, and a
+    transition the lockstep finds past the accepted findings' model (`Lockstep.beyond`)
+    is not gone on from. `visit(path, lockstep)` is called at every state the walk
+    reaches (tests)."""
     from kvcheck.backends import known_findings, resolve
     from kvcheck.checker import Lockstep
     from kvcheck.explore import candidate_ops
@@ -110,7 +118,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
         raise ValueError("a transition check needs a system under test (impl, sglang:VERSION), "
                          "not the spec alone")
     sc = res.scope
-    skip = known_findings(backend)
+    skip = known_findings(backend, sc.cfg.accept)
     _, parents, via = res.visited
     children = tree_children(parents)
     rep = TransitionReport(bname)
@@ -143,7 +151,11 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 rep.failure = confirmed(sc.cfg, rep.ops, fail, factory, bname)
                 rep.seconds = time.perf_counter() - t0
                 return rep
-            if op in tree:
+            if nxt.beyond is not None:
+                rep.beyond += 1
+                if op in tree:
+                    rep.beyond_states += subtree_size(children, tree[op])
+            elif op in tree:
                 stack.append((tree[op], nxt, path + [op]))
         if progress is not None and time.perf_counter() >= next_progress:
             next_progress = time.perf_counter() + every
