@@ -96,7 +96,8 @@ sglang-env-%:
 	adapters/sglang/make_env.sh $*
 
 # The differential run takes each release's recorded findings (adapters/sglang/findings.py
-# RELEASES) as known behaviour (--accept) and drives their paths instead of skipping them.
+# RELEASES) as known behaviour (--accept) and drives their paths instead of skipping them;
+# so does the exhaustive one (every transition of small scopes, the release forked per state).
 check-sglang: $(STAMP) sglang-env
 	@for v in $(SGLANG_VERSIONS); do \
 	  echo "=== sglang $$v: conformance of stateful_tests/upstream (shape, lockstep, upstream past the first failure)"; \
@@ -105,6 +106,9 @@ check-sglang: $(STAMP) sglang-env
 	  echo "=== sglang $$v: recorded findings, regression corpus, differential run (--accept $$accept)"; \
 	  $(VENV)/bin/kvcheck check --backend sglang:$$v --accept "$$accept" \
 	    --examples $(CHECK_SGLANG_EXAMPLES) --skip-explore --skip-proofs || exit 1; \
+	  echo "=== sglang $$v: every transition of preset check-sglang-$$v on the spec and the release (--accept $$accept)"; \
+	  $(VENV)/bin/kvcheck explore --preset check-sglang-$$v --backend sglang:$$v --accept "$$accept" \
+	    --quiet --out failures/explore || exit 1; \
 	done
 
 clean:
