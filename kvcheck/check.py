@@ -205,14 +205,25 @@ CHECK_IMPL_PRESET = "check-impl"
 impl`, the default), one part per scope."""
 
 
-def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "spec"):
-    """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B`
-    does (B impl: then every transition on the spec and impl side by side)."""
+def check_release_preset(backend: str) -> Optional[str]:
+    """The preset whose every transition `kvcheck check --backend sglang:VERSION` runs on
+    the spec and that release (check-sglang-VERSION), or None for a release without one."""
+    from kvcheck import explore as X
+    version = backend.split(":", 1)[1] if ":" in backend else backend.removeprefix("sglang-")
+    preset = f"check-sglang-{version}"
+    return preset if backend.startswith("sglang") and preset in X.PRESETS else None
+
+
+def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "spec",
+                 accept: tuple = ()):
+    """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B
+    [--accept A]` does (B impl or sglang:VERSION: then every transition on the spec and B
+    side by side). The reachability goals are the spec exploration's (B spec) only."""
     from kvcheck import explore as X
     p = argparse.ArgumentParser()
     X.add_arguments(p)
     ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore"),
-                       "--backend", backend])
+                       "--backend", backend] + (["--accept", ",".join(accept)] if accept else []))
     rc, results, traces = X.run_scope(X.scopes_from_args(ns)[0], ns)
     res = results[0]
     detail = (f"{res.states:,} distinct states, {res.transitions:,} transitions, every state "
@@ -222,6 +233,8 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
     for v in res.violations:
         detail += f"; VIOLATION {v.id} at step {v.depth - 1}: {v.message}"
     detail += "".join(f"\n   trace: {t}\n   replay: kvcheck replay {t}" for t in traces)
+    if backend != "spec":
+        return rc == 0, detail, []
     goals = {"missed": X.missed(res), "reached": sorted({*res.op_first, *res.reached})}
     return rc == 0, detail, [], {"goals": goals}
 
@@ -320,16 +333,19 @@ def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
     if not args.skip_proofs:    # first: about 20 s when its cache is cold, instant when warm
         no_cache = getattr(args, "no_cache", False)
         parts.append(Part("proofs", proofs_part, (None if no_cache else Path(args.out),)))
-    if not args.skip_explore:
+    release = check_release_preset(args.backend)
+    if not args.skip_explore and release is None:   # the spec's: the same for every backend
         parts += [Part(f"exhaustive exploration: {sc.name}", explore_part,
                        (CHECK_PRESET, sc.name, Path(args.out)))
                   for sc in X.PRESETS[CHECK_PRESET]]
     parts.append(Part(f"differential state machine ({args.examples} sequences)", differential_job,
                       (args.backend, args.out, args.examples, engine, accept)))
-    if not args.skip_explore and args.backend == "impl":
-        parts += [Part(f"exhaustive differential (every transition, spec vs impl): {sc.name}",
-                       explore_part, (CHECK_IMPL_PRESET, sc.name, Path(args.out), "impl"))
-                  for sc in X.PRESETS[CHECK_IMPL_PRESET]]
+    if not args.skip_explore and (args.backend == "impl" or release is not None):
+        preset, what = (CHECK_IMPL_PRESET, "impl") if release is None else \
+            (release, args.backend.replace(":", "-"))
+        parts += [Part(f"exhaustive differential (every transition, spec vs {what}): {sc.name}",
+                       explore_part, (preset, sc.name, Path(args.out), args.backend, accept))
+                  for sc in X.PRESETS[preset]]
     parts.append(Part("regression corpus (DOMAIN.md scenarios and found failures)", corpus_part,
                       (tuple(corpus_paths), args.backend)))
     if args.backend == "impl":

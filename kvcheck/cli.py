@@ -130,7 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--examples", type=T.positive_int, default=100,
                    help="differential sequences (each draws its own configuration, speculative decoding on or off)")
     c.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where failure traces go")
-    c.add_argument("--skip-explore", action="store_true", help="leave out exhaustive exploration")
+    c.add_argument("--skip-explore", action="store_true",
+                   help="leave out exhaustive exploration: the spec's preset `check` and, with "
+                        "--backend impl, every transition of preset check-impl on impl; with "
+                        "--backend sglang:VERSION, every transition of preset "
+                        "check-sglang-VERSION on that release (instead of the spec's, which "
+                        "does not depend on the backend)")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
     c.add_argument("--jobs", type=T.positive_int, default=None,
                    help="parts run in this many processes at once, the exploration one process "

@@ -114,3 +114,40 @@ def test_workers_run_a_fresh_compiled_build_and_give_the_same_results(tmp_path):
     comp = C.run_parts(ps, 2, lambda r: None, compiled=True)
     assert (interp[0].detail, comp[0].detail) == ("interpreted", "compiled")
     assert summary(interp[1:]) == summary(comp[1:])
+
+
+def _parts(backend: str, skip_explore: bool = False) -> list:
+    import argparse
+
+    from kvcheck.check import check_parts
+    args = argparse.Namespace(skip_proofs=True, skip_explore=skip_explore, backend=backend,
+                              examples=10, out="/tmp/kvcheck-parts", engine="walk")
+    return [p.name for p in check_parts(args, (), ())]
+
+
+def test_check_explores_what_the_backend_can_be_checked_on():
+    """impl: the spec's preset and every transition of check-impl on impl; a release with a
+    preset: every transition of check-sglang-VERSION on it, not the spec's exploration
+    (which does not depend on the backend); --skip-explore leaves both out."""
+    from kvcheck.explore import PRESETS
+    impl = _parts("impl")
+    assert sum(n.startswith("exhaustive exploration: ") for n in impl) == len(PRESETS["check"])
+    assert sum("spec vs impl" in n for n in impl) == len(PRESETS["check-impl"])
+    for v in ("0.5.15", "0.5.23"):
+        rel = _parts(f"sglang:{v}")
+        assert not any(n.startswith("exhaustive exploration: ") for n in rel), rel
+        assert [n.split(": ")[-1] for n in rel if f"spec vs sglang-{v}" in n] == \
+            [sc.name for sc in PRESETS[f"check-sglang-{v}"]]
+    assert sum(n.startswith("exhaustive exploration: ") for n in _parts("sglang:0.5.9")) == \
+        len(PRESETS["check"])      # a release without a preset: the spec's, as before
+    assert not any("exhaustive" in n for n in _parts("sglang:0.5.15", skip_explore=True))
+
+
+def test_only_the_spec_exploration_judges_reachability_goals(tmp_path):
+    """A differential scope explores under the backend's constraints (and judges nothing
+    itself under --accept): its reachability is not the spec preset's goal."""
+    from kvcheck.check import explore_part
+    spec = explore_part("x", "tiny", "tiny", tmp_path, "spec")
+    assert "goals" in spec[3]
+    impl = explore_part("x", "check-impl", "impl-tiny", tmp_path, "impl")
+    assert impl[0] and len(impl) == 3
