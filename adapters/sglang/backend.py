@@ -103,8 +103,9 @@ def detect_api() -> str:
 
 
 def process_setup(page_size: int, spec_enabled: bool) -> dict:
-    """Import shim, global server args, single-rank stand-in. Once per process; the
-    global server args are re-published when the page size changes."""
+    """Import shim, global server args, single-rank stand-in, the planted faults of
+    $KVCHECK_SGLANG_PLANT. Once per process; the global server args are re-published
+    when the page size changes."""
     if not _SETUP:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # 0.5.11-0.5.21 paged kernels
         try:
@@ -115,7 +116,11 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         shim.install(stub_triton=stub_triton)
         version = installed_version()
         api = detect_api()
-        _SETUP.update(version=version, api=api, stub_triton=stub_triton)
+        # planted faults (adapters/sglang/faults.py), read once per process: an unknown
+        # name or one the release does not have refuses the backend (PlantError)
+        from adapters.sglang import faults
+        planted = faults.install_from_env(version)
+        _SETUP.update(version=version, api=api, stub_triton=stub_triton, planted=planted)
         if api == "flat":
             # Req.set_finish_with_abort asks the TP group for the rank only to decide
             # whether to log; a single-rank scheduler is rank 0.

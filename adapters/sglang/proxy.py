@@ -107,7 +107,10 @@ class _Server:
                 self.proc.kill()
 
 
-_SERVERS: dict[str, _Server] = {}
+_SERVERS: dict[tuple, _Server] = {}
+"""(interpreter, $KVCHECK_SGLANG_PLANT) -> its served process: the server reads the planted
+faults (adapters/sglang/faults.py) once, at start, so a run with a fault never reuses a
+clean server, nor a clean run a planted one."""
 
 
 @atexit.register
@@ -118,10 +121,11 @@ def _stop_all() -> None:
 
 
 def _server(python: str) -> _Server:
-    """The served interpreter, started once and kept."""
-    server = _SERVERS.get(python)
+    """The served interpreter, started once per planted-fault set and kept."""
+    key = (python, os.environ.get("KVCHECK_SGLANG_PLANT", ""))
+    server = _SERVERS.get(key)
     if server is None or server.proc.poll() is not None:
-        server = _SERVERS[python] = _Server(python)
+        server = _SERVERS[key] = _Server(python)
     return server
 
 

@@ -1,0 +1,273 @@
+"""Planted faults in the REAL upstream sglang code (runs inside an sglang venv).
+
+impl/faults.py plants defects in kvcheck's own implementation; this registry plants them
+in the published releases, so that the exhaustive check against a release
+(`kvcheck explore --preset check-sglang-VERSION --backend sglang:VERSION`) can be shown
+to catch a defect of the upstream code, not only of ours. Each fault re-creates a defect
+upstream had, or that a comment in upstream's code says the code is written to avoid,
+as a small monkeypatch of one upstream method: a wrapper that calls the real method
+with one thing changed (an argument, a field hidden for the call, a reference put back
+after it). No upstream code is copied.
+
+Activation: KVCHECK_SGLANG_PLANT=name[,name] in the environment of the sglang process;
+adapters/sglang/backend.py `process_setup` reads it once per process and calls
+`install_from_env`. An unknown name, or a fault that does not apply to the installed
+release, is refused (`PlantError`) naming the faults that do. The proxy keys its served
+processes by (interpreter, KVCHECK_SGLANG_PLANT), so a planted run never shares a server
+with a clean one (adapters/sglang/proxy.py `_server`).
+
+Patches go on classes (never on instances), so the served backend's deep-copy fork
+(SglangBackend.fork) and the fresh replay that confirms a failure both run them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+ENV = "KVCHECK_SGLANG_PLANT"
+SS = "sglang.srt.session.streaming_session"
+PAGED = "sglang.srt.mem_cache.allocator.paged"
+
+
+class PlantError(ValueError):
+    """A planted fault that is unknown, or not applicable to the installed release."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    releases: tuple          # sglang releases the installer knows the target of
+    description: str         # one line: the defect
+    source: str              # the upstream PR / comment that says why the code is as it is
+    install: Callable[[str], None]   # install(version): patch the class attribute(s)
+
+
+_ORIGINALS: dict = {}        # (module, class, attr) -> the upstream function, for uninstall
+INSTALLED: list = []         # names installed in this process, in order
+
+
+def _patch(module: str, cls: str, attr: str, make: Callable) -> None:
+    """Replace module.cls.attr by make(original); once per (class, attribute)."""
+    key = (module, cls, attr)
+    if key in _ORIGINALS:
+        return
+    klass = getattr(importlib.import_module(module), cls)
+    orig = klass.__dict__[attr]
+    _ORIGINALS[key] = orig
+    wrapper = make(orig)
+    wrapper.__kvcheck_fault__ = True
+    setattr(klass, attr, wrapper)
+
+
+def _page_size(session) -> int:
+    """StreamingSession's page size: 0.5.15 forwards it to the inner cache, 0.5.23 keeps
+    the owning UnifiedRadixCache as `cache`."""
+    cache = getattr(session, "cache", None)
+    return cache.page_size if cache is not None else session.page_size
+
+
+# -- installers ------------------------------------------------------------------------
+
+def _free_tail_noop(version: str) -> None:
+    # before PR #22862: try_match_prefix restored the slot without freeing the orphaned
+    # tail [prefix_len, kv_allocated_len) that alloc_for_extend then overwrites
+    _patch(SS, "StreamingSession", "_free_tail", lambda orig: lambda self, *a, **k: None)
+
+
+def _preabort_restores_slot(version: str) -> None:
+    # before PR #22273: find_active_slot did not look at to_finish, so a pre-aborted
+    # request (input too long) restored the slot and its release overwrote session KV
+    def make(orig):
+        def find_active_slot(self, req):
+            hidden, req.to_finish = req.to_finish, None
+            try:
+                return orig(self, req)
+            finally:
+                req.to_finish = hidden
+        return find_active_slot
+    _patch(SS, "StreamingSession", "find_active_slot", make)
+
+
+def _free_kv_aligned_floor(version: str) -> None:
+    # _free_kv_aligned's docstring: the free starts at ceil_align(target) "because
+    # PagedTokenToKVPoolAllocator.free returns whole pages, so partial-page free would
+    # corrupt pages still holding committed tokens". Align target down instead.
+    def make(orig):
+        def _free_kv_aligned(self, where, target, end):
+            P = _page_size(self)
+            return orig(self, where, (target // P) * P, end)
+        return _free_kv_aligned
+    _patch(SS, "StreamingSession", "_free_kv_aligned", make)
+
+
+def _trim_overshoot_noop(version: str) -> None:
+    # before PR #22897: a finishing turn kept the speculative KV past max_new_tokens (and
+    # its output_ids past finished_len) in the slot: token/KV mismatch next turn
+    _patch(SS, "StreamingSession", "_trim_overshoot", lambda orig: lambda self, *a, **k: None)
+
+
+def _finish_keeps_req_row(version: str) -> None:
+    # save_from_req (0.5.15) / req.detach_kv() (0.5.23): "Ownership has transferred to the
+    # slot. Null *all* of the req's references"; release_kv_cache's early return keys on
+    # it. Put the request's reference back after the session saved the turn.
+    if version == "0.5.15":
+        def make(orig):
+            def save_from_req(self, req, is_first):
+                row = req.req_pool_idx
+                orig(self, req, is_first)
+                req.req_pool_idx = row
+            return save_from_req
+        _patch(SS, "SessionSlot", "save_from_req", make)
+    else:
+        def make(orig):
+            def try_cache_finished_req(self, req):
+                kv = req.kv
+                handled = orig(self, req)
+                if handled:
+                    req.kv = kv
+                return handled
+            return try_cache_finished_req
+        _patch(SS, "StreamingSession", "try_cache_finished_req", make)
+
+
+def _close_keeps_tree_lock(version: str) -> None:
+    # release_session drops the first turn's tree lock (0.5.15 dec_lock_ref on
+    # slot.last_node, "for dec_lock_ref on session close"; 0.5.23 cache.unlock(slot.lock)).
+    # Hide the lock from it: the prompt stays locked after the session is gone.
+    field = "last_node" if version == "0.5.15" else "lock"
+
+    def make(orig):
+        def release_session(self, session_id):
+            slot = self.slots.get(session_id)
+            if slot is not None:
+                setattr(slot, field, None)
+            return orig(self, session_id)
+        return release_session
+    _patch(SS, "StreamingSession", "release_session", make)
+
+
+def _lock_not_handed_over(version: str) -> None:
+    # 0.5.23 _lock_to_slot: `slot.lock, req.lock = req.lock, None`, the one hand-over of the
+    # admission lock to the session (take, try_checkpoint). Leave the request its copy:
+    # two holders of one lock reference, released twice.
+    def make(orig):
+        def _lock_to_slot(self, req, slot):
+            lock = req.lock
+            orig(self, req, slot)
+            req.lock = lock
+        return _lock_to_slot
+    _patch(SS, "StreamingSession", "_lock_to_slot", make)
+
+
+def _free_no_page_dedup(version: str) -> None:
+    # PagedTokenToKVPoolAllocator.free frees unique(index // P): "freeing any index frees
+    # its whole page", duplicates removed within one call (DOMAIN.md 1.1). Free the
+    # indices one call each: a page is freed once per index of it.
+    def make(orig):
+        def free(self, free_index):
+            if free_index.numel() <= 1:
+                return orig(self, free_index)
+            for i in range(free_index.numel()):
+                orig(self, free_index[i:i + 1])
+        return free
+    _patch(PAGED, "PagedTokenToKVPoolAllocator", "free", make)
+
+
+def _session_held_counts_borrowed(version: str) -> None:
+    # PR #22213 (busy double count): session_held_tokens skips slots whose row a running
+    # request borrows (active_pool_idxs), which the busy check counts as uncached. Drop it.
+    def make(orig):
+        def session_held_tokens(self, active_pool_idxs=None):
+            return orig(self, None)
+        return session_held_tokens
+    _patch(SS, "StreamingSession", "session_held_tokens", make)
+
+
+BOTH = ("0.5.15", "0.5.23")
+
+FAULTS: dict[str, Fault] = {f.name: f for f in (
+    Fault("free_tail_noop", BOTH,
+          "_free_tail does nothing: the slot's tail past the restored prefix leaks",
+          "PR #22862 (_free_tail); try_match_prefix's comment 'Free orphaned tail'",
+          _free_tail_noop),
+    Fault("preabort_restores_slot", BOTH,
+          "find_active_slot ignores to_finish: a pre-aborted turn restores (0.5.23: borrows) the slot",
+          "PR #22273 (pre-abort corruption); find_active_slot's docstring", _preabort_restores_slot),
+    Fault("free_kv_aligned_floor", BOTH,
+          "_free_kv_aligned frees from floor(target) instead of ceil_align(target): a live partial page is freed",
+          "_free_kv_aligned's docstring ('partial-page free would corrupt pages still holding "
+          "committed tokens')", _free_kv_aligned_floor),
+    Fault("trim_overshoot_noop", BOTH,
+          "_trim_overshoot does nothing: speculative KV past max_new_tokens stays in the slot",
+          "PR #22897 (_trim_overshoot)", _trim_overshoot_noop),
+    Fault("finish_keeps_req_row", BOTH,
+          "a saved turn keeps its row (0.5.15 save_from_req) / record (0.5.23 detach_kv): "
+          "release_kv_cache frees what the slot owns",
+          "save_from_req's comment 'Ownership has transferred to the slot. Null *all* of the "
+          "req's references'; 0.5.23 Req.detach_kv", _finish_keeps_req_row),
+    Fault("close_keeps_tree_lock", BOTH,
+          "release_session skips the first turn's tree unlock (0.5.15 dec_lock_ref, 0.5.23 unlock)",
+          "SessionSlot.last_node 'for dec_lock_ref on session close'; 0.5.23 "
+          "release_session's cache.unlock(slot.lock)", _close_keeps_tree_lock),
+    Fault("lock_not_handed_over", ("0.5.23",),
+          "_lock_to_slot leaves req.lock set: the admission lock has two holders, released twice",
+          "0.5.23 take / _lock_to_slot ('the session takes the request's record and the tree "
+          "lock it took at admission')", _lock_not_handed_over),
+    Fault("free_no_page_dedup", BOTH,
+          "PagedTokenToKVPoolAllocator.free frees index by index: a page is freed once per index",
+          "allocator free's unique(free_index // page_size) (DOMAIN.md 1.1, I18)",
+          _free_no_page_dedup),
+    Fault("session_held_counts_borrowed", ("0.5.15",),
+          "session_held_tokens ignores active_pool_idxs: a borrowed slot counted twice while busy",
+          "PR #22213 (busy double count); session_held_tokens' docstring",
+          _session_held_counts_borrowed),
+)}
+
+
+def requested(env: dict | None = None) -> tuple:
+    """The names in KVCHECK_SGLANG_PLANT, in order, without blanks or repeats."""
+    text = (os.environ if env is None else env).get(ENV, "")
+    out: list = []
+    for n in (x.strip() for x in text.split(",")):
+        if n and n not in out:
+            out.append(n)
+    return tuple(out)
+
+
+def applicable(version: str) -> list:
+    return sorted(n for n, f in FAULTS.items() if version in f.releases)
+
+
+def validate(names, version: str) -> None:
+    for n in names:
+        if n not in FAULTS:
+            raise PlantError(f"{ENV}: unknown planted fault {n!r}; known for sglang {version}: "
+                             f"{', '.join(applicable(version))}")
+        if version not in FAULTS[n].releases:
+            raise PlantError(f"{ENV}: planted fault {n!r} does not apply to sglang {version} "
+                             f"(only {', '.join(FAULTS[n].releases)}); known for {version}: "
+                             f"{', '.join(applicable(version))}")
+
+
+def install(names, version: str) -> tuple:
+    """Validate, then install each named fault once (idempotent); the names installed."""
+    validate(names, version)
+    for n in names:
+        if n not in INSTALLED:
+            FAULTS[n].install(version)
+            INSTALLED.append(n)
+    return tuple(INSTALLED)
+
+
+def install_from_env(version: str) -> tuple:
+    return install(requested(), version)
+
+
+def uninstall() -> None:
+    """Put every patched upstream attribute back (in-process tests)."""
+    for (module, cls, attr), orig in _ORIGINALS.items():
+        setattr(getattr(importlib.import_module(module), cls), attr, orig)
+    _ORIGINALS.clear()
+    INSTALLED.clear()
