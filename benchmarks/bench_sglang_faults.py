@@ -67,7 +67,8 @@ def run_one(version: str, fault: str | None) -> dict:
             if rep.failure is not None:
                 f = rep.failure
                 row.update(caught=True, scope=res.scope.name, invariant=f.id, step=f.step,
-                           side=f.side, ops=[op.to_json() for op in rep.ops])
+                           side=f.side, ops=[op.to_json() for op in rep.ops],
+                           failure=f.render())
                 break
         row["seconds"] = round(time.perf_counter() - t0, 1)
     finally:
@@ -79,12 +80,15 @@ def run_one(version: str, fault: str | None) -> dict:
 
 
 def fmt(row: dict) -> str:
-    verdict = "caught" if row["caught"] else ("NOT caught" if row["fault"] != "(clean)" else
-                                              ("passes" if row["invariant"] is None else "FAILS"))
-    if row["fault"] == "(clean)" and row["caught"]:
-        verdict = "FAILS"
-    where = (f"{row['scope']:<20} {row['invariant'] or '-':<9} {row['step'] if row['step'] is not None else '-':>4}"
-             if row["scope"] else f"{'(all ' + str(row['scopes']) + ' scopes)':<20} {'-':<9} {'-':>4}")
+    if row["fault"] == "(clean)":
+        verdict = "FAILS" if row["invariant"] else "passes"
+    else:
+        verdict = "caught" if row["caught"] else "NOT caught"
+    if row["scope"]:
+        step = "-" if row["step"] is None else row["step"]
+        where = f"{row['scope']:<20} {row['invariant']:<9} {step:>4}"
+    else:
+        where = f"{'(all ' + str(row['scopes']) + ' scopes)':<20} {'-':<9} {'-':>4}"
     return (f"{row['version']:<7} {row['fault']:<30} {verdict:<10} {where} "
             f"{row['transitions']:>7,} {row['seconds']:>7.1f}")
 
@@ -119,7 +123,7 @@ def main(argv=None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-    clean_bad = [r for r in rows if r["fault"] == "(clean)" and (r["caught"] or r["invariant"])]
+    clean_bad = [r for r in rows if r["fault"] == "(clean)" and r["invariant"]]
     missed = [r for r in rows if r["fault"] != "(clean)" and not r["caught"]]
     print(f"\n{sum(r['caught'] for r in rows if r['fault'] != '(clean)')} of "
           f"{sum(r['fault'] != '(clean)' for r in rows)} planted faults caught; "

@@ -175,6 +175,28 @@ def _free_no_page_dedup(version: str) -> None:
     _patch(PAGED, "PagedTokenToKVPoolAllocator", "free", make)
 
 
+def _overalloc_free_floor(version: str) -> None:
+    # 0.5.23 _release_overallocated_kv_indices: "start_p is aligned to the allocator's page
+    # above, so it never shares a page with the tail free_kv_row in this group" (I18, the
+    # boundary page freed once). Align it down instead: the page straddling the owned
+    # length is freed by both calls.
+    common = importlib.import_module("sglang.srt.mem_cache.common")
+    key = ("sglang.srt.mem_cache.common", None, "_release_overallocated_kv_indices")
+    if key in _ORIGINALS:
+        return
+    orig = _ORIGINALS[key] = common._release_overallocated_kv_indices
+
+    def _release_overallocated_kv_indices(req, start_p, end_p, tree_cache):
+        # only where there is an overallocation to free (start_p < end_p): the
+        # no-speculation assert start_p == end_p sees what upstream gives it
+        if start_p < end_p:
+            P = tree_cache.token_to_kv_pool_allocator.page_size
+            start_p = (start_p // P) * P
+        return orig(req, start_p, end_p, tree_cache)
+    _release_overallocated_kv_indices.__kvcheck_fault__ = True
+    common._release_overallocated_kv_indices = _release_overallocated_kv_indices
+
+
 def _session_held_counts_borrowed(version: str) -> None:
     # PR #22213 (busy double count): session_held_tokens skips slots whose row a running
     # request borrows (active_pool_idxs), which the busy check counts as uncached. Drop it.
@@ -215,7 +237,14 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "_lock_to_slot leaves req.lock set: the admission lock has two holders, released twice",
           "0.5.23 take / _lock_to_slot ('the session takes the request's record and the tree "
           "lock it took at admission')", _lock_not_handed_over),
-    Fault("free_no_page_dedup", BOTH,
+    Fault("overalloc_free_floor", ("0.5.23",),
+          "release_kv_cache frees the overallocation from floor(owned) instead of "
+          "ceil_align(owned): the boundary page is freed twice",
+          "0.5.23 _release_overallocated_kv_indices' comment ('start_p is aligned ... so it "
+          "never shares a page with the tail free_kv_row')", _overalloc_free_floor),
+    # 0.5.15 only: 0.5.23 frees rows through free_segment(s) (page representatives, its own
+    # page-disjointness assert); its free() runs only when an aux allocation raises
+    Fault("free_no_page_dedup", ("0.5.15",),
           "PagedTokenToKVPoolAllocator.free frees index by index: a page is freed once per index",
           "allocator free's unique(free_index // page_size) (DOMAIN.md 1.1, I18)",
           _free_no_page_dedup),
@@ -268,6 +297,7 @@ def install_from_env(version: str) -> tuple:
 def uninstall() -> None:
     """Put every patched upstream attribute back (in-process tests)."""
     for (module, cls, attr), orig in _ORIGINALS.items():
-        setattr(getattr(importlib.import_module(module), cls), attr, orig)
+        mod = importlib.import_module(module)
+        setattr(mod if cls is None else getattr(mod, cls), attr, orig)
     _ORIGINALS.clear()
     INSTALLED.clear()
