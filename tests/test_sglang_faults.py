@@ -1,0 +1,96 @@
+"""Planted faults in the real sglang releases (adapters/sglang/faults.py): the exhaustive
+walk against a release catches them, the clean release passes the same scope, a bad
+KVCHECK_SGLANG_PLANT is refused, and a planted run never reuses a clean server.
+Each release's tests are skipped when its venv (.venv-sglang-VERSION) is absent."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from adapters.sglang import faults as F
+from adapters.sglang import proxy
+from kvcheck.engines.exhaustive import check_transitions
+from kvcheck.explore import explore, preset_scope
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def need(version):
+    return pytest.mark.skipif(not (ROOT / f".venv-sglang-{version}" / "bin" / "python").exists(),
+                              reason=f"no .venv-sglang-{version} (adapters/sglang/make_env.sh {version})")
+
+
+_SMALL: dict = {}
+
+
+def small(version: str, depth: int):
+    """The release preset's first scope (P=2, one session, one plain request, overlap),
+    cut to `depth` steps (a few dozen states), explored once, and the clean release's
+    walk of it."""
+    if (version, depth) not in _SMALL:
+        import os
+        res = explore(replace(preset_scope(f"check-sglang-{version}", "sglang-tiny"),
+                              max_depth=depth))
+        assert not os.environ.get(F.ENV)
+        _SMALL[version, depth] = res, check_transitions(res, f"sglang:{version}")
+    return _SMALL[version, depth]
+
+
+# (release, fault, invariant it fails, step): one per release, as the bench finds them
+CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3),
+          ("0.5.23", "lock_not_handed_over", "D1", 2)]
+
+
+@pytest.mark.parametrize("version,fault,inv,step",
+                         [pytest.param(*c, marks=need(c[0]), id=f"{c[0]}-{c[1]}") for c in CAUGHT])
+def test_a_planted_fault_is_caught_and_the_clean_release_passes(monkeypatch, version, fault, inv,
+                                                                 step):
+    monkeypatch.delenv(F.ENV, raising=False)
+    res, clean = small(version, step + 1)    # the shortest scope that has the failing step
+    assert clean.failure is None, clean.line()
+    monkeypatch.setenv(F.ENV, fault)
+    rep = check_transitions(res, f"sglang:{version}")
+    assert rep.failure is not None, f"{fault} not caught: {rep.line()}"
+    # check_transitions confirms a failure by a fresh replay (no copy) before it reports it
+    assert (rep.failure.id, rep.failure.step) == (inv, step), rep.failure.render()
+    assert rep.transitions < clean.transitions
+
+
+def test_unknown_or_inapplicable_fault_names_are_refused_naming_the_known_ones():
+    with pytest.raises(F.PlantError, match=r"unknown planted fault 'nope'.*known for sglang "
+                                           r"0\.5\.15: .*close_keeps_tree_lock"):
+        F.validate(["nope"], "0.5.15")
+    with pytest.raises(F.PlantError, match=r"'lock_not_handed_over' does not apply to sglang "
+                                           r"0\.5\.15 \(only 0\.5\.23\)"):
+        F.validate(["lock_not_handed_over"], "0.5.15")
+    F.validate(["lock_not_handed_over", "free_tail_noop"], "0.5.23")
+    assert F.requested({F.ENV: " a, b,,a "}) == ("a", "b")
+    assert all(f.releases and f.description and f.source for f in F.FAULTS.values())
+
+
+@need("0.5.15")
+def test_the_served_backend_refuses_to_start_with_an_unknown_fault(monkeypatch):
+    from spec.config import Config
+    monkeypatch.setenv(F.ENV, "no_such_fault")
+    with pytest.raises(proxy.SglangUnavailable, match="unknown planted fault 'no_such_fault'.*"
+                                                      "free_no_page_dedup"):
+        proxy.SglangProxy(Config(page_size=2), version="0.5.15")
+
+
+@need("0.5.15")
+def test_a_planted_run_never_reuses_a_clean_server(monkeypatch):
+    from spec.config import Config
+    cfg = Config(page_size=2)
+    monkeypatch.delenv(F.ENV, raising=False)
+    clean = proxy.SglangProxy(cfg, version="0.5.15")
+    monkeypatch.setenv(F.ENV, "close_keeps_tree_lock")
+    planted = proxy.SglangProxy(cfg, version="0.5.15")
+    monkeypatch.setenv(F.ENV, "")
+    again = proxy.SglangProxy(cfg, version="0.5.15")
+    assert planted._server is not clean._server
+    assert again._server is clean._server
+    py = str(proxy.venv_python("0.5.15"))
+    assert proxy._SERVERS[(py, "close_keeps_tree_lock")] is planted._server
+    assert proxy._SERVERS[(py, "")] is clean._server
