@@ -127,7 +127,7 @@ def main(argv=None) -> int:
     missed = [r for r in rows if r["fault"] != "(clean)" and not r["caught"]]
     print(f"\n{sum(r['caught'] for r in rows if r['fault'] != '(clean)')} of "
           f"{sum(r['fault'] != '(clean)' for r in rows)} planted faults caught; "
-          f"clean: {'FAILED' if clean_bad else 'every scope passes'}"
+          f"clean: {'FAILED' if clean_bad else 'not run' if args.no_clean else 'every scope passes'}"
           + (f"; missed: {', '.join(r['version'] + ':' + r['fault'] for r in missed)}" if missed else ""))
     return 1 if clean_bad else 0
 

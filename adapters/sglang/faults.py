@@ -108,28 +108,30 @@ def _trim_overshoot_noop(version: str) -> None:
     _patch(SS, "StreamingSession", "_trim_overshoot", lambda orig: lambda self, *a, **k: None)
 
 
+def _put_back(cls: str, method: str, field: str) -> None:
+    """Patch SS.cls.method(self, req, ...) to give `req.<field>` its value from before the
+    call back after it: the request keeps a reference the method hands over."""
+    def make(orig):
+        def wrapper(self, req, *args, **kwargs):
+            kept = getattr(req, field)
+            out = orig(self, req, *args, **kwargs)
+            setattr(req, field, kept)
+            return out
+        wrapper.__name__ = method
+        return wrapper
+    _patch(SS, cls, method, make)
+
+
 def _finish_keeps_req_row(version: str) -> None:
     # save_from_req (0.5.15) / req.detach_kv() (0.5.23): "Ownership has transferred to the
     # slot. Null *all* of the req's references"; release_kv_cache's early return keys on
-    # it. Put the request's reference back after the session saved the turn.
+    # it. Put the request's reference back after the session saved the turn (0.5.23: the
+    # abort and non-streaming paths leave req.kv as it was, so putting it back is a no-op
+    # there).
     if version == "0.5.15":
-        def make(orig):
-            def save_from_req(self, req, is_first):
-                row = req.req_pool_idx
-                orig(self, req, is_first)
-                req.req_pool_idx = row
-            return save_from_req
-        _patch(SS, "SessionSlot", "save_from_req", make)
+        _put_back("SessionSlot", "save_from_req", "req_pool_idx")
     else:
-        def make(orig):
-            def try_cache_finished_req(self, req):
-                kv = req.kv
-                handled = orig(self, req)
-                if handled:
-                    req.kv = kv
-                return handled
-            return try_cache_finished_req
-        _patch(SS, "StreamingSession", "try_cache_finished_req", make)
+        _put_back("StreamingSession", "try_cache_finished_req", "kv")
 
 
 def _close_keeps_tree_lock(version: str) -> None:
@@ -152,13 +154,7 @@ def _lock_not_handed_over(version: str) -> None:
     # 0.5.23 _lock_to_slot: `slot.lock, req.lock = req.lock, None`, the one hand-over of the
     # admission lock to the session (take, try_checkpoint). Leave the request its copy:
     # two holders of one lock reference, released twice.
-    def make(orig):
-        def _lock_to_slot(self, req, slot):
-            lock = req.lock
-            orig(self, req, slot)
-            req.lock = lock
-        return _lock_to_slot
-    _patch(SS, "StreamingSession", "_lock_to_slot", make)
+    _put_back("StreamingSession", "_lock_to_slot", "lock")
 
 
 def _free_no_page_dedup(version: str) -> None:
