@@ -5,7 +5,9 @@
 For each release with a venv (.venv-sglang-VERSION) and each planted fault of
 adapters/sglang/faults.py that applies to it: KVCHECK_SGLANG_PLANT=fault, then the
 release's preset check-sglang-VERSION scope by scope (kvcheck.explore.explore, then
-kvcheck.engines.exhaustive.check_transitions against sglang:VERSION) until a step fails.
+kvcheck.engines.exhaustive.check_transitions against sglang:VERSION) until a step fails,
+with the release's recorded findings accepted as `make check-sglang` runs it
+(`--no-accept`: their triggers skipped instead).
 One row per fault: caught or NOT, the scope, the invariant id, the step, the transitions
 applied and the seconds (all scopes walked up to and with the catching one; the served
 process's start, ~6 s of imports, is counted in the first scope). The clean release (no
@@ -19,6 +21,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 
 from adapters.sglang.proxy import available_versions
 from kvcheck.engines.exhaustive import ForkError, check_transitions
@@ -37,15 +40,28 @@ def fault_table() -> dict:
 _EXPLORED: dict = {}
 
 
-def explored(version: str) -> list:
-    """The preset's scopes explored on the spec (once per release; the spec side does not
-    depend on the planted fault)."""
-    if version not in _EXPLORED:
-        _EXPLORED[version] = [explore(sc) for sc in PRESETS[f"check-sglang-{version}"]]
-    return _EXPLORED[version]
+def scopes(version: str, accept: bool = True) -> list:
+    """The preset's scopes as `make check-sglang` runs them: with the release's recorded
+    findings accepted (`--accept`, adapters/sglang/findings.py RELEASES), so the spec takes
+    upstream's behaviour there and the walk drives those paths; accept=False: their
+    triggers are skipped instead (the walk without --accept)."""
+    from adapters.sglang.findings import RELEASES
+    acc = RELEASES.get(version, ()) if accept else ()
+    return [replace(sc, cfg=replace(sc.cfg, accept=acc))
+            for sc in PRESETS[f"check-sglang-{version}"]]
 
 
-def run_one(version: str, fault: str | None) -> dict:
+def explored(version: str, accept: bool = True) -> list:
+    """The scopes explored on the spec (once per release; the spec side does not depend on
+    the planted fault). Under --accept the search judges nothing itself (check=False),
+    as `kvcheck explore --accept` runs it: the lockstep judges every transition."""
+    if (version, accept) not in _EXPLORED:
+        _EXPLORED[version, accept] = [explore(sc, check=not sc.cfg.accept)
+                                      for sc in scopes(version, accept)]
+    return _EXPLORED[version, accept]
+
+
+def run_one(version: str, fault: str | None, accept: bool = True) -> dict:
     """The preset scope by scope with `fault` planted (None: clean), until caught."""
     old = os.environ.get(ENV)
     if fault:
@@ -56,7 +72,7 @@ def run_one(version: str, fault: str | None) -> dict:
            "invariant": None, "step": None, "transitions": 0, "seconds": 0.0, "scopes": 0}
     try:
         t0 = time.perf_counter()
-        for res in explored(version):
+        for res in explored(version, accept):
             row["scopes"] += 1
             try:
                 rep = check_transitions(res, f"sglang:{version}")
@@ -103,6 +119,9 @@ def main(argv=None) -> int:
                                        "with a check-sglang preset)")
     ap.add_argument("--faults", help="faults (default: every one that applies)")
     ap.add_argument("--no-clean", action="store_true", help="skip the clean run")
+    ap.add_argument("--no-accept", action="store_true",
+                    help="skip the recorded findings' triggers instead of accepting them "
+                         "(the walk without --accept)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
     table = fault_table()
@@ -117,7 +136,7 @@ def main(argv=None) -> int:
     for v in versions:
         todo = ([] if args.no_clean else [None]) + [n for n in wanted if v in table[n][0]]
         for fault in todo:
-            row = run_one(v, fault)
+            row = run_one(v, fault, accept=not args.no_accept)
             rows.append(row)
             print(fmt(row), flush=True)
     if args.json:
