@@ -231,32 +231,40 @@ eviction interval of 2 (0.5.23's distance rule and 0.5.15's step count then diff
 with 0.5.23's prefill-aware SWA (the floor under the window eviction)."""
 
 
-def _smaller(name: str, preset: str, scope: str, depth: int, cfg_kw: dict) -> Scope:
+def _smaller(name: str, preset: str, scope: str, depth: int, cfg_kw: dict,
+             scope_kw: Optional[dict] = None) -> Scope:
     sc = preset_scope(preset, scope)
-    return replace(sc, max_depth=depth, name=name, cfg=replace(sc.cfg, **cfg_kw))
+    return replace(sc, max_depth=depth, name=name, cfg=replace(sc.cfg, **cfg_kw),
+                   **(scope_kw or {}))
 
 
 PRESETS["check-impl"] = tuple(_smaller(*x) for x in CHECK_IMPL)
 
 _NO_MAMBA = {"mamba_slots": 0, "mamba_extra_buffer": "off"}
+_TWO_SESSIONS = {"plain": 0, "max_live": 2, "max_new": (2,)}
+"""Two sessions sharing their first prompt in the tree (check-two-sessions, smaller)."""
 _P1 = {"page_size": 1, "num_pages": 6}
 CHECK_SGLANG = {
     "0.5.15": (("sglang-tiny", "tiny", "tiny", 8, {}),
                ("sglang-p1", "tiny", "tiny", 7, _P1),
                ("sglang-p4-spec-chunk", "check", "check-p4-spec-chunk", 7, {}),
                ("sglang-swa", "check", "check-hybrid", 6, _NO_MAMBA),
-               ("sglang-mamba-tree", "check", "check-mamba-tree-0515", 6, {})),
+               ("sglang-mamba-tree", "check", "check-mamba-tree-0515", 6, {}),
+               ("sglang-two-sessions", "check", "check-two-sessions", 7, {}, _TWO_SESSIONS)),
     "0.5.23": (("sglang-tiny", "tiny", "tiny", 8, {"era": "borrow"}),
                ("sglang-p1", "tiny", "tiny", 7, {"era": "borrow", **_P1}),
                ("sglang-spec-borrow", "check", "check-spec-borrow", 7, {}),
                ("sglang-swa", "check", "check-hybrid-borrow", 6, _NO_MAMBA),
-               ("sglang-mamba-tree", "check", "check-mamba-tree", 6, {})),
+               ("sglang-mamba-tree", "check", "check-mamba-tree", 6, {}),
+               ("sglang-two-sessions", "check", "check-two-sessions", 7, {"era": "borrow"},
+                _TWO_SESSIONS)),
 }
 """`make check-sglang`'s exhaustive differential against each release (`kvcheck explore
 --preset check-sglang-VERSION --backend sglang:VERSION`): check-impl's kinds of
 configuration in the release's era and the hybrid models its adapter drives (SWA without
 a Mamba pool; 0.5.15's MambaRadixCache, 0.5.23's Mamba tree component), page sizes 1, 2
-and 4, speculative overshoot and chunked prefill. About a minute per release here."""
+and 4, speculative overshoot and chunked prefill, and two sessions sharing their first
+prompt in the tree. About a minute and a half per release here."""
 
 for _version, _scopes in CHECK_SGLANG.items():
     PRESETS[f"check-sglang-{_version}"] = tuple(_smaller(*x) for x in _scopes)
