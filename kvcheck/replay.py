@@ -188,9 +188,14 @@ def _writing(flag: str, target, write):
 
 def replay_backend(flag, trace) -> tuple[str, str]:
     """(backend to replay on, a line saying why when it is not the flag's): an upstream
-    trace (expect.backend sglang-X) runs on its recorded release unless --backend says
-    otherwise."""
-    recorded = trace.expect.backend or ""
+    trace (expect.backend, else #meta.backend, sglang-X) runs on its recorded release
+    unless --backend says otherwise."""
+    recorded = trace.expect.backend or str(trace.meta.get("backend") or "")
+    if (flag or "impl") == "impl" and trace.config.accept and not recorded.startswith("sglang"):
+        raise UsageError(f"the trace's config accepts {','.join(trace.config.accept)}: the spec "
+                         f"follows upstream's recorded behaviour there, which impl/ does not "
+                         f"implement (it has the fixes only); replay it on a release "
+                         f"(--backend sglang:VERSION) or on the spec alone (--backend spec)")
     if flag is not None or not recorded.startswith("sglang"):
         return flag or "impl", ""
     import argparse

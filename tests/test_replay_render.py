@@ -142,3 +142,22 @@ def test_a_file_that_cannot_be_written_is_a_usage_error(capsys):
         assert cli.main(["replay", worked, "-q", flag, "/proc/no/such/dir/x"]) == 2
         err = capsys.readouterr().err     # refused while parsing, before the replay runs
         assert err.count("\n") == 1 and f"argument {flag}: /proc/no/such/dir/x" in err
+
+
+def test_a_trace_that_accepts_findings_is_not_replayed_on_impl(tmp_path, capsys):
+    """impl/ implements the fixed behaviour only: an --accept trace on it would diverge
+    wherever the spec follows upstream, so the replay refuses (exit 2) and says where to
+    run it."""
+    import json
+
+    from kvcheck import cli
+    src = ROOT / "stateful_tests" / "upstream" / "s8-reused-rid-not-req-nodes-sglang-0.5.15.json"
+    t = json.loads(src.read_text())
+    t["expect"] = {"result": "pass"}            # no recorded release: impl by default
+    del t["#meta"]["backend"]
+    path = tmp_path / "accepts.json"
+    path.write_text(json.dumps(t))
+    assert cli.main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "accepts U1,U2,U3,M2" in err and "--backend sglang:VERSION" in err
+    assert cli.main(["replay", str(path), "--backend", "spec"]) == 0
