@@ -21,7 +21,7 @@ EXPLORE_FLAGS ?=
 # make test: one pytest worker per core (pytest-xdist); PYTEST_FLAGS= runs it in one process
 PYTEST_FLAGS ?= -n auto --dist worksteal
 
-.PHONY: venv check test fuzz replay explore prove selftest bench check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
+.PHONY: venv check test fuzz replay explore prove selftest bench bench-sglang check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
 
 venv: $(STAMP)
 
@@ -71,6 +71,11 @@ selftest: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.summary
 	$(PY) -m benchmarks.bench_coverage
+
+# the exhaustive differential against each release with each planted upstream fault
+# (adapters/sglang/faults.py): caught where, how fast; the clean releases pass (~10 min)
+bench-sglang: $(STAMP) sglang-env
+	$(PY) -m benchmarks.bench_sglang_faults
 
 # line and branch coverage of impl/ by check's runs and a fixed-count fuzz run
 # (COVERAGE_FLAGS="--backend sglang:0.5.23": of a release's modules, in its venv)
