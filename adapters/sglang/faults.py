@@ -203,6 +203,76 @@ def _session_held_counts_borrowed(version: str) -> None:
     _patch(SS, "StreamingSession", "session_held_tokens", make)
 
 
+def _restore_clears_slot(version: str) -> None:
+    # 0.5.15 SessionSlot.restore_to_req's NOTE: "req_pool_idx and mamba_pool_idx are
+    # intentionally NOT cleared from the slot ... Each retry calls match_prefix ->
+    # restore_to_req again, so the slot must remain intact for idempotent restoration".
+    # Clear the slot's row after the restore: a rejected admission's retry finds no slot.
+    def make(orig):
+        def restore_to_req(self, req):
+            out = orig(self, req)
+            self.req_pool_idx = None
+            return out
+        return restore_to_req
+    _patch(SS, "SessionSlot", "restore_to_req", make)
+
+
+def _free_tail_slot_untouched(version: str) -> None:
+    # 0.5.15 _free_tail trims the slot as well as the request (kv_allocated_len =
+    # prefix_len): a rejected admission's retry restores the trimmed slot. Keep the slot's
+    # lengths as they were: the retry frees the same tail again.
+    def make(orig):
+        def _free_tail(self, slot, req, prefix_len):
+            kept = (slot.kv_allocated_len, slot.kv_committed_len)
+            out = orig(self, slot, req, prefix_len)
+            slot.kv_allocated_len, slot.kv_committed_len = kept
+            return out
+        return _free_tail
+    _patch(SS, "StreamingSession", "_free_tail", make)
+
+
+def _close_keeps_row(version: str) -> None:
+    # 0.5.15 release_session ends with `req_to_token_pool.free_slots.append(
+    # slot.req_pool_idx)`: the slot's row goes back to the pool. Take it back out: the row
+    # leaks with the session.
+    def make(orig):
+        def release_session(self, session_id):
+            slot = self.slots.get(session_id)
+            row = slot.req_pool_idx if slot is not None else None
+            out = orig(self, session_id)
+            free = self.req_to_token_pool.free_slots
+            if row is not None and row in free:
+                free.remove(row)
+            return out
+        return release_session
+    _patch(SS, "StreamingSession", "release_session", make)
+
+
+def _split_no_lock_copy(version: str) -> None:
+    # a node split gives the new upper node the child's lock count (0.5.15
+    # RadixCache._split_node `new_node.lock_ref = child.lock_ref`; 0.5.23
+    # FullComponent.redistribute_on_node_split): the path's lock counts are unchanged
+    # (DOMAIN.md, match_prefix). Leave the upper node unlocked: a holder's path loses it.
+    if version == "0.5.15":
+        def make(orig):
+            def _split_node(self, key, child, split_len):
+                new_node = orig(self, key, child, split_len)
+                new_node.lock_ref = 0
+                return new_node
+            return _split_node
+        _patch("sglang.srt.mem_cache.radix_cache", "RadixCache", "_split_node", make)
+        return
+
+    def make23(orig):
+        def redistribute_on_node_split(self, new_parent, child):
+            out = orig(self, new_parent, child)
+            new_parent.component_data[self.component_type].lock_ref = 0
+            return out
+        return redistribute_on_node_split
+    _patch("sglang.srt.mem_cache.unified_cache.components.full", "FullComponent",
+           "redistribute_on_node_split", make23)
+
+
 BOTH = ("0.5.15", "0.5.23")
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
@@ -244,6 +314,21 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "PagedTokenToKVPoolAllocator.free frees index by index: a page is freed once per index",
           "allocator free's unique(free_index // page_size) (DOMAIN.md 1.1, I18)",
           _free_no_page_dedup),
+    Fault("restore_clears_slot", ("0.5.15",),
+          "restore_to_req clears slot.req_pool_idx: a rejected turn's retry loses the slot's KV",
+          "SessionSlot.restore_to_req's NOTE ('intentionally NOT cleared ... idempotent "
+          "restoration')", _restore_clears_slot),
+    Fault("free_tail_slot_untouched", ("0.5.15",),
+          "_free_tail trims the request only, not the slot: a retry frees the same tail twice",
+          "_free_tail's slot.kv_allocated_len = prefix_len (PR #22862)",
+          _free_tail_slot_untouched),
+    Fault("close_keeps_row", ("0.5.15",),
+          "release_session does not give the slot's row back to the pool: the row leaks",
+          "release_session's free_slots.append(slot.req_pool_idx)", _close_keeps_row),
+    Fault("split_no_lock_copy", BOTH,
+          "a node split leaves the new upper node unlocked: a holder's path loses its lock",
+          "0.5.15 RadixCache._split_node (new_node.lock_ref = child.lock_ref); 0.5.23 "
+          "FullComponent.redistribute_on_node_split", _split_no_lock_copy),
     Fault("session_held_counts_borrowed", ("0.5.15",),
           "session_held_tokens ignores active_pool_idxs: a borrowed slot counted twice while busy",
           "PR #22213 (busy double count); session_held_tokens' docstring",
