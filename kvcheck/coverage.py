@@ -1,8 +1,9 @@
 """`kvcheck coverage`: how much of the system under test the checker's runs reach.
 
 Runs what `make check` runs against a system (the regression corpus, the planted-fault
-corpus on impl, the fixed-seed differential run, on impl the exhaustive differential of
-the check-impl preset) and a fixed-count fuzz run under
+corpus on impl, the fixed-seed differential run, the exhaustive differential of the
+check-impl preset on impl or of check-sglang-VERSION on a release) and a fixed-count fuzz
+run under
 coverage.py with branch coverage, then prints per-file line and branch coverage and
 every branch no run took, with its source line.
 
@@ -236,7 +237,7 @@ class Plan:
     engine: Optional[str] = None
     accept: tuple = ()
     corpus: bool = True
-    exhaustive: bool = True         # check's exhaustive differential (impl only)
+    exhaustive: bool = True         # check's exhaustive differential (impl, a release with a preset)
 
 
 def _progress(msg: str) -> None:
@@ -273,15 +274,21 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
         verdicts = [planted_verdict(load(f))[0] for f in files]
         return f"{verdicts.count('caught')}/{len(files)} planted-fault traces caught"
 
+    from kvcheck.check import CHECK_IMPL_PRESET, check_release_preset
+    preset = CHECK_IMPL_PRESET if plan.backend == "impl" else check_release_preset(plan.backend)
+
     def exhaustive():
+        from dataclasses import replace
+
         from kvcheck import explore as X
-        from kvcheck.check import CHECK_IMPL_PRESET
         from kvcheck.engines.exhaustive import check_transitions
         n = bad = 0
-        for sc in X.PRESETS[CHECK_IMPL_PRESET]:
-            rep = check_transitions(X.explore(sc))
+        for sc in X.PRESETS[preset]:
+            if plan.accept:     # as check does: the findings' paths driven, judged by the lockstep
+                sc = replace(sc, cfg=replace(sc.cfg, accept=plan.accept))
+            rep = check_transitions(X.explore(sc, check=not plan.accept), plan.backend)
             n, bad = n + rep.transitions, bad + (rep.failure is not None)
-        return f"{n:,} transitions of {CHECK_IMPL_PRESET}" + (f", {bad} failing" if bad else "")
+        return f"{n:,} transitions of {preset}" + (f", {bad} failing" if bad else "")
 
     def campaign(seed, rounds, label):
         def run():
@@ -299,8 +306,8 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
             part("planted-fault corpus", planted)
     part(f"differential run ({plan.examples} sequences, seed {CHECK_SEED})",
          campaign(CHECK_SEED, plan.examples, "differential"))
-    if plan.exhaustive and plan.backend == "impl":
-        part("exhaustive differential (preset check-impl, every transition)", exhaustive)
+    if plan.exhaustive and preset is not None:
+        part(f"exhaustive differential (preset {preset}, every transition)", exhaustive)
     if plan.rounds:
         part(f"fuzz run ({plan.rounds} sequences, seed {plan.seed})",
              campaign(plan.seed, plan.rounds, "fuzz"))
@@ -401,7 +408,7 @@ def add_arguments(p) -> None:
                    help="leave out the regression and planted-fault corpora")
     p.add_argument("--no-exhaustive", action="store_true",
                    help="leave out check's exhaustive differential (every transition of the "
-                        "check-impl preset on impl/)")
+                        "check-impl preset on impl/, of check-sglang-VERSION on a release)")
     p.add_argument("--brief", action="store_true", help="the table only, no uncovered branches")
     p.add_argument("--json", type=T.writable_file, metavar="FILE",
                    help="also write the report as JSON (per file, the missing branches)")
