@@ -46,6 +46,17 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     return kw
 
 
+def release_refusal(cfg, name: str):
+    """Why the release `name` (sglang:VERSION) cannot run configuration cfg, known here
+    without starting it (`adapters.sglang.backend.config_refusal`: the era, from a
+    versioned name, and the hybrid models its adapter drives), or None."""
+    if not name.startswith("sglang"):
+        return None
+    from adapters.sglang.backend import config_refusal
+    api = {"wrapper": "flat", "borrow": "borrow"}.get(release_era(name))
+    return config_refusal(cfg, api, name.split(":", 1)[-1].removeprefix("sglang-"))
+
+
 def known_findings(name: str, accept=()):
     """The skip predicate for a release with recorded upstream findings the run does not
     accept (`--accept`), or None."""

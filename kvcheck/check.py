@@ -51,13 +51,8 @@ def _undrivable(trace, backend: str):
     """Why a release cannot run this trace's configuration (its refusal at start,
     `adapters.sglang.backend.config_refusal`; the era is known from a versioned name), or
     None: such a trace is skipped there, and says so, instead of failing the corpus."""
-    if not backend.startswith("sglang"):
-        return None
-    from adapters.sglang.backend import config_refusal
-    from kvcheck.backends import release_era
-    era = release_era(backend)
-    api = {"wrapper": "flat", "borrow": "borrow"}.get(era)
-    return config_refusal(trace.config, api, backend.split(":", 1)[-1].removeprefix("sglang-"))
+    from kvcheck.backends import release_refusal
+    return release_refusal(trace.config, backend)
 
 
 def planted_verdict(trace) -> tuple[str, str]:

@@ -110,14 +110,18 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     transition the lockstep finds past the accepted findings' model (`Lockstep.beyond`)
     is not gone on from. `visit(path, lockstep)` is called at every state the walk
     reaches (tests)."""
-    from kvcheck.backends import known_findings, resolve
+    from kvcheck.backends import known_findings, release_refusal, resolve
     from kvcheck.checker import Lockstep
     from kvcheck.explore import candidate_ops
+    from spec.config import ConfigError
     factory, bname = resolve(backend)
     if factory is None:
         raise ValueError("a transition check needs a system under test (impl, sglang:VERSION), "
                          "not the spec alone")
     sc = res.scope
+    why = release_refusal(sc.cfg, backend)      # before a release is started for nothing
+    if why:
+        raise ConfigError(why)
     skip = known_findings(backend, sc.cfg.accept)
     _, parents, via = res.visited
     children = tree_children(parents)
