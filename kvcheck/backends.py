@@ -9,12 +9,21 @@ class BackendError(ValueError):
     pass
 
 
+def release_version(name: str) -> Optional[str]:
+    """VERSION of `sglang:VERSION` / `sglang-VERSION`, or None (spec, impl, an unversioned
+    sglang)."""
+    for prefix in ("sglang:", "sglang-"):
+        if name.startswith(prefix):
+            return name[len(prefix):] or None
+    return None
+
+
 def release_era(name: str):
     """The era a backend fixes ('wrapper' for sglang <= 0.5.21, 'borrow' for 0.5.22+),
     or None when the backend runs either (spec, impl, an unversioned sglang)."""
-    if not name.startswith("sglang") or (":" not in name and not name.startswith("sglang-")):
+    version = release_version(name)
+    if version is None:
         return None
-    version = name.split(":", 1)[1] if ":" in name else name[len("sglang-"):]
     try:
         parts = tuple(int(x) for x in version.split(".")[:3])
     except ValueError:
@@ -54,16 +63,15 @@ def release_refusal(cfg, name: str):
         return None
     from adapters.sglang.backend import config_refusal
     api = {"wrapper": "flat", "borrow": "borrow"}.get(release_era(name))
-    return config_refusal(cfg, api, name.split(":", 1)[-1].removeprefix("sglang-"))
+    return config_refusal(cfg, api, release_version(name) or name)
 
 
 def known_findings(name: str, accept=()):
     """The skip predicate for a release with recorded upstream findings the run does not
     accept (`--accept`), or None."""
     if name.startswith("sglang"):
-        version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
         from adapters.sglang.findings import known_trigger
-        return known_trigger(version, accept)
+        return known_trigger(release_version(name), accept)
     return None
 
 
@@ -91,7 +99,7 @@ def resolve(name: str) -> tuple[Optional[Callable], str]:
         from adapters.impl import ImplBackend
         return ImplBackend, "impl"
     if name == "sglang" or name.startswith("sglang:") or name.startswith("sglang-"):
-        version = name.split(":", 1)[1] if ":" in name else (name[len("sglang-"):] or None)
+        version = release_version(name)
         from adapters.sglang.proxy import SglangUnavailable, make_backend
 
         def factory(cfg):

@@ -200,13 +200,16 @@ CHECK_IMPL_PRESET = "check-impl"
 impl`, the default), one part per scope."""
 
 
-def check_release_preset(backend: str) -> Optional[str]:
-    """The preset whose every transition `kvcheck check --backend sglang:VERSION` runs on
-    the spec and that release (check-sglang-VERSION), or None for a release without one."""
+def differential_preset(backend: str) -> Optional[str]:
+    """The preset whose every transition `kvcheck check` (and `kvcheck coverage`) runs on
+    the spec and `backend`: check-impl on impl, check-sglang-VERSION on a release that has
+    one; None for any other backend."""
     from kvcheck import explore as X
-    version = backend.split(":", 1)[1] if ":" in backend else backend.removeprefix("sglang-")
-    preset = f"check-sglang-{version}"
-    return preset if backend.startswith("sglang") and preset in X.PRESETS else None
+    from kvcheck.backends import release_version
+    if backend == "impl":
+        return CHECK_IMPL_PRESET
+    preset = f"check-sglang-{release_version(backend)}"
+    return preset if preset in X.PRESETS else None
 
 
 def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "spec",
@@ -322,22 +325,23 @@ def run_parts(parts: list, jobs: int, show, compiled: bool = False) -> list:
 def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
     """`kvcheck check`'s parts, the longest first (the order they are handed to workers)."""
     from kvcheck import explore as X
+    from kvcheck.backends import resolve
     from kvcheck.engines import DEFAULT_ENGINE
     engine = getattr(args, "engine", DEFAULT_ENGINE)
     parts = []
     if not args.skip_proofs:    # first: about 20 s when its cache is cold, instant when warm
         no_cache = getattr(args, "no_cache", False)
         parts.append(Part("proofs", proofs_part, (None if no_cache else Path(args.out),)))
-    release = check_release_preset(args.backend)
-    if not args.skip_explore and release is None:   # the spec's: the same for every backend
+    preset = differential_preset(args.backend)
+    on_release = preset is not None and args.backend != "impl"
+    if not args.skip_explore and not on_release:    # the spec's: the same for every backend
         parts += [Part(f"exhaustive exploration: {sc.name}", explore_part,
                        (CHECK_PRESET, sc.name, Path(args.out)))
                   for sc in X.PRESETS[CHECK_PRESET]]
     parts.append(Part(f"differential state machine ({args.examples} sequences)", differential_job,
                       (args.backend, args.out, args.examples, engine, accept)))
-    if not args.skip_explore and (args.backend == "impl" or release is not None):
-        preset, what = (CHECK_IMPL_PRESET, "impl") if release is None else \
-            (release, args.backend.replace(":", "-"))
+    if not args.skip_explore and preset is not None:
+        what = resolve(args.backend)[1]
         parts += [Part(f"exhaustive differential (every transition, spec vs {what}): {sc.name}",
                        explore_part, (preset, sc.name, Path(args.out), args.backend, accept))
                   for sc in X.PRESETS[preset]]
