@@ -23,12 +23,10 @@ import sys
 import time
 from dataclasses import replace
 
+from adapters.sglang.faults import ENV
 from adapters.sglang.proxy import available_versions
 from kvcheck.engines.exhaustive import ForkError, check_transitions
 from kvcheck.explore import PRESETS, explore
-
-ENV = "KVCHECK_SGLANG_PLANT"
-
 
 def fault_table() -> dict:
     """name -> (releases, description), read without importing sglang: faults.py imports
@@ -53,11 +51,10 @@ def scopes(version: str, accept: bool = True) -> list:
 
 def explored(version: str, accept: bool = True) -> list:
     """The scopes explored on the spec (once per release; the spec side does not depend on
-    the planted fault). Under --accept the search judges nothing itself (check=False),
-    as `kvcheck explore --accept` runs it: the lockstep judges every transition."""
+    the planted fault). Under --accept the search judges nothing itself, as `kvcheck
+    explore --accept` runs it: the lockstep judges every transition."""
     if (version, accept) not in _EXPLORED:
-        _EXPLORED[version, accept] = [explore(sc, check=not sc.cfg.accept)
-                                      for sc in scopes(version, accept)]
+        _EXPLORED[version, accept] = [explore(sc) for sc in scopes(version, accept)]
     return _EXPLORED[version, accept]
 
 

@@ -274,8 +274,8 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
         verdicts = [planted_verdict(load(f))[0] for f in files]
         return f"{verdicts.count('caught')}/{len(files)} planted-fault traces caught"
 
-    from kvcheck.check import CHECK_IMPL_PRESET, check_release_preset
-    preset = CHECK_IMPL_PRESET if plan.backend == "impl" else check_release_preset(plan.backend)
+    from kvcheck.check import differential_preset
+    preset = differential_preset(plan.backend)
 
     def exhaustive():
         from dataclasses import replace
@@ -286,7 +286,7 @@ def run_parts(plan: Plan, out_dir: Path, progress=_progress) -> list:
         for sc in X.PRESETS[preset]:
             if plan.accept:     # as check does: the findings' paths driven, judged by the lockstep
                 sc = replace(sc, cfg=replace(sc.cfg, accept=plan.accept))
-            rep = check_transitions(X.explore(sc, check=not plan.accept), plan.backend)
+            rep = check_transitions(X.explore(sc), plan.backend)
             n, bad = n + rep.transitions, bad + (rep.failure is not None)
         return f"{n:,} transitions of {preset}" + (f", {bad} failing" if bad else "")
 

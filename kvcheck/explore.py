@@ -1007,8 +1007,15 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     spec/invariants.py's `check_state`, which writes the report. A transition's step
     invariants run (on the two abstract views) where `step_check_needed` says they can
     fire. So most states never get an abstract view; a frontier state gets one only when
-    one of its transitions needs it."""
+    one of its transitions needs it.
+
+    Under `Config.accept` the search judges nothing (check is off, and a step that raises
+    is a leaf): the spec follows upstream's recorded behaviour there, and the transition
+    check's lockstep (kvcheck/engines/exhaustive.py) judges every step, telling a path
+    past the accepted findings' model (it stops comparing there) from a defect of the
+    spec (reported, as always)."""
     cfg = sc.cfg
+    check = check and not cfg.accept
     res = Result(sc, symmetric)
     prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
     fast = fast_invariants and applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
@@ -1062,11 +1069,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                 try:
                     s2, out = step(s, op, True)
                 except Exception as e:
-                    if cfg.accept:
-                        # under --accept the search judges nothing (check is off): a step
-                        # that raises is a leaf, and the transition check's lockstep tells
-                        # a path past the accepted findings' model (it stopped comparing
-                        # there) from a defect of the spec (reported, as always)
+                    if cfg.accept:      # a leaf: the lockstep judges it (docstring)
                         continue
                     if isinstance(e, M.ModelError):
                         found = Found(SPEC_ASSERTION, "upstream assertion reached by the spec",
@@ -1395,16 +1398,14 @@ def _check_transitions(res: Result, args, traces: list) -> int:
               f"{el:.0f} s", file=sys.stderr, flush=True)
     try:
         rep = check_transitions(res, args.backend, None if getattr(args, "quiet", False) else prog)
-    except (ConfigError, BackendError) as e:     # the release refuses this configuration
+    except (ConfigError, BackendError, ForkError) as e:
         res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
         print(f"  {res.backend_check}")
+        if isinstance(e, ForkError):
+            return 1
         print(f"kvcheck explore: error: {args.backend} cannot run scope {res.scope.name}: {e}",
-              file=sys.stderr)
+              file=sys.stderr)          # the release refuses this configuration
         return 2
-    except ForkError as e:
-        res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
-        print(f"  {res.backend_check}")
-        return 1
     res.backend_check = rep.verdict()
     print(f"  {rep.line()}")
     if rep.failure is None:
@@ -1456,8 +1457,7 @@ def run_scope(sc: Scope, args) -> tuple:
     rc, traces = 0, []
     prog = None if getattr(args, "quiet", False) else _progress
     kw = dict(all_violations=args.all_violations, max_states=args.max_states,
-              max_seconds=args.max_seconds, check=not args.no_check and not sc.cfg.accept,
-              progress=prog)
+              max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
     if sc.cfg.accept:
         print(f"[{sc.name}] --accept {','.join(sc.cfg.accept)}: the spec takes upstream's "
               f"behaviour there; the invariants are judged on every transition against "
