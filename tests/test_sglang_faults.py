@@ -97,3 +97,28 @@ def test_a_planted_run_never_reuses_a_clean_server(monkeypatch):
     py = str(proxy.venv_python("0.5.15"))
     assert proxy._SERVERS[(py, "close_keeps_tree_lock")] is planted._server
     assert proxy._SERVERS[(py, "")] is clean._server
+
+
+def test_two_faults_on_one_method_stack_and_uninstall_restores_the_original(monkeypatch):
+    """free_tail_noop and free_tail_slot_untouched (or the two release_session faults)
+    patch one upstream method: planting both must install both, each wrapping the other,
+    and uninstall must give back the upstream function, not a wrapper."""
+    import sys
+    import types
+
+    class Cache:
+        def free(self, x):
+            return ["upstream", x]
+
+    mod = types.ModuleType("kvcheck_fake_upstream")
+    mod.Cache = Cache
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    original = Cache.__dict__["free"]
+    tag = lambda name: lambda orig: lambda self, x: orig(self, x) + [name]  # noqa: E731
+    try:
+        F._patch(mod.__name__, "Cache", "free", tag("first"))
+        F._patch(mod.__name__, "Cache", "free", tag("second"))
+        assert Cache().free(1) == ["upstream", 1, "first", "second"]
+    finally:
+        F.uninstall()
+    assert Cache.__dict__["free"] is original

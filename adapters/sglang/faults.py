@@ -24,7 +24,7 @@ from __future__ import annotations
 import importlib
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 ENV = "KVCHECK_SGLANG_PLANT"
 SS = "sglang.srt.session.streaming_session"
@@ -48,17 +48,18 @@ _ORIGINALS: dict = {}        # (module, class, attr) -> the upstream function, f
 INSTALLED: list = []         # names installed in this process, in order
 
 
-def _patch(module: str, cls: str, attr: str, make: Callable) -> None:
-    """Replace module.cls.attr by make(original); once per (class, attribute)."""
-    key = (module, cls, attr)
-    if key in _ORIGINALS:
-        return
-    klass = getattr(importlib.import_module(module), cls)
-    orig = klass.__dict__[attr]
-    _ORIGINALS[key] = orig
-    wrapper = make(orig)
+def _patch(module: str, cls: Optional[str], attr: str, make: Callable) -> None:
+    """Replace module.cls.attr (cls None: the module's own attr) by make(what is there
+    now). Two faults on one attribute stack, each wrapping the other; `uninstall` puts
+    back the upstream original, kept from the first. Each fault is installed once
+    (`install`)."""
+    mod = importlib.import_module(module)
+    target = mod if cls is None else getattr(mod, cls)
+    current = vars(target)[attr]
+    _ORIGINALS.setdefault((module, cls, attr), current)
+    wrapper = make(current)
     wrapper.__kvcheck_fault__ = True
-    setattr(klass, attr, wrapper)
+    setattr(target, attr, wrapper)
 
 
 def _page_size(session) -> int:
@@ -176,21 +177,16 @@ def _overalloc_free_floor(version: str) -> None:
     # above, so it never shares a page with the tail free_kv_row in this group" (I18, the
     # boundary page freed once). Align it down instead: the page straddling the owned
     # length is freed by both calls.
-    common = importlib.import_module("sglang.srt.mem_cache.common")
-    key = ("sglang.srt.mem_cache.common", None, "_release_overallocated_kv_indices")
-    if key in _ORIGINALS:
-        return
-    orig = _ORIGINALS[key] = common._release_overallocated_kv_indices
-
-    def _release_overallocated_kv_indices(req, start_p, end_p, tree_cache):
-        # only where there is an overallocation to free (start_p < end_p): the
-        # no-speculation assert start_p == end_p sees what upstream gives it
-        if start_p < end_p:
-            P = tree_cache.token_to_kv_pool_allocator.page_size
-            start_p = (start_p // P) * P
-        return orig(req, start_p, end_p, tree_cache)
-    _release_overallocated_kv_indices.__kvcheck_fault__ = True
-    common._release_overallocated_kv_indices = _release_overallocated_kv_indices
+    def make(orig):
+        def _release_overallocated_kv_indices(req, start_p, end_p, tree_cache):
+            # only where there is an overallocation to free (start_p < end_p): the
+            # no-speculation assert start_p == end_p sees what upstream gives it
+            if start_p < end_p:
+                P = tree_cache.token_to_kv_pool_allocator.page_size
+                start_p = (start_p // P) * P
+            return orig(req, start_p, end_p, tree_cache)
+        return _release_overallocated_kv_indices
+    _patch("sglang.srt.mem_cache.common", None, "_release_overallocated_kv_indices", make)
 
 
 def _session_held_counts_borrowed(version: str) -> None:

@@ -122,7 +122,8 @@ def _stop_all() -> None:
 
 def _server(python: str) -> _Server:
     """The served interpreter, started once per planted-fault set and kept."""
-    key = (python, os.environ.get("KVCHECK_SGLANG_PLANT", ""))
+    from adapters.sglang.faults import ENV     # no sglang import: installers import it
+    key = (python, os.environ.get(ENV, ""))
     server = _SERVERS.get(key)
     if server is None or server.proc.poll() is not None:
         server = _SERVERS[key] = _Server(python)
