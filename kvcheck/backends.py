@@ -66,6 +66,19 @@ def release_refusal(cfg, name: str):
     return config_refusal(cfg, api, release_version(name) or name)
 
 
+def planted_upstream(name: str) -> dict:
+    """For a failure trace's #meta: the planted upstream faults a run against a release had
+    ({"sglang_plant": "a,b"}, adapters/sglang/faults.py, $KVCHECK_SGLANG_PLANT), else {}.
+    `kvcheck replay` plants them again, so the trace reproduces."""
+    if not name.startswith("sglang"):
+        return {}
+    import os
+
+    from adapters.sglang.faults import ENV
+    plant = os.environ.get(ENV, "")
+    return {"sglang_plant": plant} if plant else {}
+
+
 def known_findings(name: str, accept=()):
     """The skip predicate for a release with recorded upstream findings the run does not
     accept (`--accept`), or None."""

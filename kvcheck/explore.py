@@ -1388,7 +1388,7 @@ def scopes_from_args(args) -> list:
 def _check_transitions(res: Result, args, traces: list) -> int:
     """The scope's every transition on the spec and args.backend (exit code 1 on a failing
     step, whose trace and HTML report are written as a violation's are)."""
-    from kvcheck.backends import BackendError
+    from kvcheck.backends import BackendError, planted_upstream
     from kvcheck.engines.exhaustive import ForkError, check_transitions
     from kvcheck.trace import failure_trace
 
@@ -1411,7 +1411,8 @@ def _check_transitions(res: Result, args, traces: list) -> int:
     if rep.failure is None:
         return 0
     f = rep.failure
-    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend}
+    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend,
+            **planted_upstream(rep.backend)}
     traces.append(_write_trace(failure_trace(res.scope.cfg, rep.ops, f, meta),
                                Path(args.out) / f"{res.scope.name}-{f.id}-{f.side}.json",
                                rep.backend))

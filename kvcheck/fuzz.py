@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from kvcheck.backends import planted_upstream
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
@@ -387,7 +388,7 @@ class _Driver:
         f = raw.failure
         name = f"{f.id}-{f.side}-seed{self.c.seed}-r{raw.index}.json"
         meta = {"source": "fuzz", "engine": self.c.engine, "seed": self.c.seed,
-                "round": raw.index, "backend": self.bname,
+                "round": raw.index, "backend": self.bname, **planted_upstream(self.bname),
                 **({"planted_fault": self.label} if self.label else {})}
         with self.ints.deferred():
             path = _write(raw.cfg, raw.ops, f, {**meta, "shrunk": False}, self.out_dir / name)

@@ -7,6 +7,8 @@ kvcheck.emit_pytest, kvcheck.itf)."""
 from __future__ import annotations
 
 import json
+import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -227,6 +229,25 @@ def replay_fault(flag, trace, backend_name: str) -> tuple:
     return name, f"planted fault {name} switched on in impl ({why})"
 
 
+@contextmanager
+def upstream_planted(trace, backend_name: str, out=print):
+    """The trace's planted upstream faults (#meta.sglang_plant, written by a run against a
+    release with $KVCHECK_SGLANG_PLANT set) switched on for a replay on a release, unless
+    the variable is set already (then it decides)."""
+    from adapters.sglang.faults import ENV
+    plant = trace.meta.get("sglang_plant")
+    if not plant or not backend_name.startswith("sglang") or ENV in os.environ:
+        yield
+        return
+    out(f"planted upstream fault(s) {plant} switched on in the release (the trace's "
+        f"#meta.sglang_plant; set {ENV} to decide otherwise)")
+    os.environ[ENV] = plant
+    try:
+        yield
+    finally:
+        del os.environ[ENV]
+
+
 def cmd_replay(args) -> int:
     import contextlib
 
@@ -243,7 +264,8 @@ def cmd_replay(args) -> int:
         if line:
             print(line)
     try:
-        with faults.planted(fault) if fault else contextlib.nullcontext():
+        with faults.planted(fault) if fault else contextlib.nullcontext(), \
+                upstream_planted(trace, backend_name):
             res, matches = replay_trace(trace, backend_name,
                                         verbose=not args.quiet and not views_only(args))
     except BackendError as e:

@@ -86,7 +86,11 @@ def trace_schema() -> dict:
     meta = {"type": "object", "properties": {
         "format": {"const": FORMAT}, "format_version": {"const": FORMAT_VERSION},
         "planted_fault": {"type": "string",
-                          "description": "the impl/faults.py fault this trace catches"}}}
+                          "description": "the impl/faults.py fault this trace catches"},
+        "sglang_plant": {"type": "string",
+                         "description": "the adapters/sglang/faults.py faults "
+                                        "($KVCHECK_SGLANG_PLANT) the release had when this "
+                                        "trace was found; a replay on a release plants them"}}}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://kvcheck.invalid/trace.schema.json",

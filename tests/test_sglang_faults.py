@@ -122,3 +122,29 @@ def test_two_faults_on_one_method_stack_and_uninstall_restores_the_original(monk
     finally:
         F.uninstall()
     assert Cache.__dict__["free"] is original
+
+
+def test_a_failure_found_with_a_planted_fault_records_it_and_a_replay_plants_it(monkeypatch):
+    """The trace of a failure found with $KVCHECK_SGLANG_PLANT set names the faults
+    (#meta.sglang_plant), and `kvcheck replay` on a release plants them again unless the
+    variable is set (a trace that reproduces only with the fault would pass otherwise)."""
+    import os
+    from types import SimpleNamespace
+
+    from kvcheck.backends import planted_upstream
+    from kvcheck.replay import upstream_planted
+    monkeypatch.setenv(F.ENV, "free_tail_noop")
+    assert planted_upstream("sglang:0.5.15") == {"sglang_plant": "free_tail_noop"}
+    assert planted_upstream("impl") == {}
+    monkeypatch.delenv(F.ENV)
+    assert planted_upstream("sglang:0.5.15") == {}
+    trace = SimpleNamespace(meta={"sglang_plant": "free_tail_noop"})
+    seen = []
+    with upstream_planted(trace, "sglang:0.5.15", out=seen.append):
+        assert os.environ[F.ENV] == "free_tail_noop"
+    assert F.ENV not in os.environ and "free_tail_noop" in seen[0]
+    with upstream_planted(trace, "impl", out=seen.append):
+        assert F.ENV not in os.environ
+    monkeypatch.setenv(F.ENV, "")           # set: the caller decides
+    with upstream_planted(trace, "sglang:0.5.15", out=seen.append):
+        assert os.environ[F.ENV] == ""
