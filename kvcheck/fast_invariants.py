@@ -171,6 +171,14 @@ def _clean(s: State) -> bool:
             held_slots += -(-t.allocated // P) * P - t.protected
         rp = dict.__getitem__(rows, row)[:-(-t.allocated // P)]
         holders.append((t, True, rp))
+        # I26 on the slot's row: positions [0, committed) hold the session's tokens
+        x = sessions.get(sid)
+        tokens = x.checkpoint if x is not None else ()
+        for i in range(min(t.committed, len(rp) * P, len(tokens))):
+            p = rp[i // P]
+            c = content.get(p) if p is not None else None
+            if (None if c is None else c[i % P]) != tokens[i]:
+                return False
         if not _prefix_is_path(nodes, by_path, t, rp, t.last_node, P):  # I27
             return False
 

@@ -383,6 +383,18 @@ def kv_content(s: AbstractState, cfg: Config):
                 out.append(_v(kv_content, f"row position {i} holds KV of token {got}, the request's "
                               f"token is {r.fill_ids[i]} (kv_committed_len {r.committed})", _req(r), p))
                 break
+    checkpoint = {x.sid: x.checkpoint for x in s.sessions}
+    for t in s.slots:
+        tokens = checkpoint.get(t.sid, ())
+        for i in range(min(t.committed, len(t.row_pages) * P, len(tokens))):
+            p = t.row_pages[i // P]
+            c = content.get(p)
+            got = None if c is None else c[i % P]
+            if got != tokens[i]:
+                out.append(_v(kv_content, f"row position {i} holds KV of token {got}, the session's "
+                              f"token is {tokens[i]} (the slot's kv_committed_len {t.committed})",
+                              _slot(t), p))
+                break
     return out
 
 

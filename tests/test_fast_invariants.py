@@ -134,6 +134,9 @@ def _corruptions(s):
     for sid in sorted(dict(s.sessions)):
         edit(lambda t, sid=sid: setattr(t.sessions[sid], "inflight_rid",
                                         None if t.sessions[sid].inflight_rid else 77))
+        if s.sessions[sid].checkpoint:                                       # I26 on the slot
+            edit(lambda t, sid=sid: setattr(t.sessions[sid], "checkpoint",
+                                            (-3,) + t.sessions[sid].checkpoint[1:]))
         edit(lambda t, sid=sid: t.sessions.pop(sid))
     return out
 
@@ -163,3 +166,22 @@ def test_same_verdict_on_corrupted_states(scope, depth):
                 assert fast == ref, (check_state(abstract(t), t.cfg), E.state_key(t))
     assert broken > 300, broken
     assert disagree == 0
+
+
+def test_a_slot_whose_kv_is_not_its_sessions_tokens_breaks_i26():
+    """I26 on a slot: positions [0, kv_committed_len) of its row hold the KV of the tokens
+    the session's next turn builds on (the checkpoint); both evaluations say so."""
+    found = 0
+    for s in states_of(CHECK_OVERLAP, 6):
+        sids = [sid for sid, t in dict(s.slots).items() if t.committed > 0]
+        if not sids:
+            continue
+        t = s.clone()
+        sid = sids[0]
+        t.sessions[sid].checkpoint = (-3,) + t.sessions[sid].checkpoint[1:]
+        vs = [v for v in check_state(abstract(t), t.cfg) if v.id == "I26"]
+        assert [v.owner for v in vs] == [f"slot of session {sid}"], vs
+        assert "row position 0 holds KV of token" in vs[0].message and vs[0].page is not None
+        assert not F.state_clean(t)
+        found += 1
+    assert found > 20, found
