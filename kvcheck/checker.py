@@ -177,7 +177,7 @@ class Lockstep:
             verdict = vs
             if vs and not taken:    # the fixed spec breaks them too: a defect of the spec
                 return rec, _failure(i, op, "spec", vs)
-            if not within_accepted(cfg.accept, (v.id for v in vs)):
+            if not within_accepted(cfg.accept, vs):
                 self.beyond = beyond_invariants(i, op, cfg.accept, vs)
                 return rec, None    # consequences the model does not follow: stop comparing
             known = accepted(vs)
@@ -218,7 +218,7 @@ def same_state(a: State, b: State) -> bool:
 
 def beyond_invariants(i: int, op: Op, accept, vs) -> Beyond:
     """The stop at step i: the spec's violations outside the accepted findings' set."""
-    out = [v for v in vs if not within_accepted(accept, (v.id,))]
+    out = [v for v in vs if not within_accepted(accept, (v,))]
     return Beyond(i, op, out[0].id, [str(v) for v in out])
 
 

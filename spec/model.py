@@ -636,20 +636,26 @@ def _is_streaming(req: Req) -> bool:
 
 
 ACCEPTED_INVARIANTS = {
-    "U1": ("I20", "I26"),   # two turns in flight; the live turn's prompt rewritten under it
-    "U2": ("I20", "I26", "I28"),
+    "U1": ("I20", "I26 req"),   # two turns in flight; the live turn's prompt rewritten under it
+    "U2": ("I20", "I26 req", "I28"),
     "U3": ("I20",),
     "U6": ("I20",),
     "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
-"""The invariants an accepted finding's known behaviour breaks on the spec itself. A spec
+"""The invariants an accepted finding's known behaviour breaks on the spec itself ("ID" on
+any owner, "ID KIND" on owners of that kind only: `req`, `slot`, `session`, `node`). A spec
 that breaks anything else under `Config.accept` has left what the model follows (e.g.
-pages owned twice after U1, whose allocation order upstream does not share)."""
+pages owned twice after U1, whose allocation order upstream does not share; a running
+turn's rewritten tokens saved into its session's slot, I26 on the slot: every later turn
+of the session builds on KV of other tokens, and releases differ in which of the
+rewritten lengths they keep)."""
 
 
-def within_accepted(accept, violation_ids) -> bool:
+def within_accepted(accept, violations) -> bool:
+    """Whether every violation (id, owner) is one the accepted findings' behaviour breaks."""
     allowed = {i for a in accept for i in ACCEPTED_INVARIANTS.get(a, ())}
-    return set(violation_ids) <= allowed
+    return all(v.id in allowed or f"{v.id} {(v.owner or '').split(' ', 1)[0]}" in allowed
+               for v in violations)
 
 
 def accepts(s: State, finding: str) -> bool:

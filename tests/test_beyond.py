@@ -131,3 +131,28 @@ def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "beyond the accepted findings' model at step 4: close_session(sid=2): I22" in out
     assert "PASS up to step 4 (4 steps compared, 1 not: beyond the accepted findings' model, I22)" in out
+
+
+RETRACT_RETRY_REWRITTEN = [
+    O.OpenSession(1), O.SubmitTurn(1, 1, (2,), 3), O.Schedule(1), O.Retract(1), O.Schedule(1),
+    O.SubmitTurn(1, 2, (2,), 3), O.SpecDecode(1, 1, 0, 1)]
+"""Found on sglang 0.5.14 (docs/upstream-findings.md, "Older releases"): under U2 turn 1's
+retract finishes it, so turn 2 is admitted while turn 1 runs again and rewrites turn 1's
+prompt (I26 on req 1: accepted); turn 1's finish then saves that rewritten request into
+the slot, whose KV no longer stands for the session's tokens (I26 on the slot): past the
+model, where 0.5.14 and 0.5.15 keep different lengths."""
+
+
+def test_i26_on_a_slot_is_past_the_accepted_model():
+    cfg = Config(page_size=4, num_pages=4, num_rows=2, max_context_len=16, chunk_size=4,
+                 spec_enabled=True, max_drafts=2, overlap=True, accept=("U1", "U2", "U3", "M2"))
+    res = run_ops(cfg, RETRACT_RETRY_REWRITTEN)
+    assert res.failure is None
+    assert res.beyond is not None and (res.beyond.step, res.beyond.reason) == (6, "I26")
+    assert any("slot of session 1" in d for d in res.beyond.details), res.beyond.details
+    # on a request it is U1/U2's own consequence; on a slot it is not
+    from spec.violations import Violation
+    assert M.within_accepted(("U2",), [Violation("I26", "", "", "req 1", 3)])
+    assert not M.within_accepted(("U2",), [Violation("I26", "", "", "slot of session 1", 3)])
+    assert M.within_accepted(("U2",), [Violation("I20", "", "", "session 1", None)])
+    assert not M.within_accepted(("U3",), [Violation("I26", "", "", "req 1", 3)])
