@@ -24,11 +24,9 @@ def release_era(name: str):
     version = release_version(name)
     if version is None:
         return None
-    try:
-        parts = tuple(int(x) for x in version.split(".")[:3])
-    except ValueError:
-        return None
-    return "wrapper" if parts <= (0, 5, 21) else "borrow"
+    from adapters.sglang.hybrid import release_tuple
+    parts = release_tuple(version)
+    return None if parts == (999,) else "wrapper" if parts <= (0, 5, 21) else "borrow"
 
 
 def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
@@ -51,6 +49,10 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
+        from adapters.sglang.hybrid import release_tuple
+        if era == "wrapper" and release_tuple(release_version(name)) < (0, 5, 15):
+            # 0.5.14's SWA tree is not the spec's (adapters/sglang/hybrid.py `refusal`)
+            kw["hybrid_kinds"] = tuple(k for k in kw["hybrid_kinds"] if k != "swa")
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw
 

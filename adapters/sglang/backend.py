@@ -96,6 +96,15 @@ def detect_api() -> str:
     for name in ("try_cache_finished_req", "try_match_prefix", "release_session"):
         if not hasattr(StreamingSession, name):
             raise UnsupportedRelease(f"wrapper-era StreamingSession.{name} is missing")
+    controller = __import__("sglang.srt.session.session_controller", fromlist=["x"])
+    batch = __import__("sglang.srt.managers.schedule_batch", fromlist=["x"])
+    for cls, field in ((controller.Session, "committed_origin_len"),
+                       (batch.Req, "full_untruncated_fill_ids")):
+        if field not in cls.__init__.__code__.co_names:
+            raise UnsupportedRelease(
+                f"{cls.__name__}.{field} is missing: the adapter reads a session's checkpoint "
+                "and a request's fill array through it (0.5.14+); 0.5.11-0.5.13 keep them "
+                "otherwise and are not driven")
     if not hasattr(common, "maybe_cache_unfinished_req"):
         raise UnsupportedRelease("sglang.srt.mem_cache.common.maybe_cache_unfinished_req "
                                  "is missing")
@@ -186,7 +195,7 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
     if era and cfg.era != era:
         return (f"config.era is {cfg.era!r} but sglang {version} is a {era}-era release; "
                 f"run this trace with era={era!r}")
-    return hybrid.refusal(cfg, api)
+    return hybrid.refusal(cfg, api, version)
 
 
 def _copy_instance_dict(self, memo):
@@ -669,8 +678,11 @@ class SglangBackend:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         req = L.req
-        if self.api == "flat":
+        if self.api == "flat" and hasattr(req, "set_extend_range"):
             req.set_extend_range(prefix, end)
+        elif self.api == "flat":    # 0.5.11-0.5.14: PrefillAdder's fill_len + extend_input_len
+            req.set_extend_input_len(end - prefix)
+            req.fill_len = end
         else:
             req.extend_end = end
         batch = ScheduleBatch.init_new([req], self.pool, self.alloc, self.cache,

@@ -89,8 +89,14 @@ from __future__ import annotations
 import types
 
 
-def refusal(cfg, api: str):
-    """Why this adapter cannot run cfg's hybrid fields on this release, or None."""
+def refusal(cfg, api: str, version: str = ""):
+    """Why this adapter cannot run cfg's hybrid fields on this release (`version`, e.g.
+    "0.5.14"; "" when not known yet), or None."""
+    if cfg.swa_window and release_tuple(version) < (0, 5, 15):
+        return (f"config.swa_window: sglang {version}'s SWARadixCache caches a finished "
+                "request's out-of-window output with its SWA KV, where 0.5.15's, which the "
+                "spec's SWA tree follows, keeps it as a tombstone and frees that SWA KV "
+                "(docs/upstream-findings.md, \"Older releases\")")
     if cfg.swa_window and api != "flat" and cfg.prefill_aware_swa:
         return ("config.prefill_aware_swa: 0.5.23 pairs prefill-aware SWA only with an all-SWA "
                 "model (PureSWARadixCache), not with the UnifiedRadixCache this adapter drives, "
@@ -107,6 +113,15 @@ def refusal(cfg, api: str):
     return None
 
 
+def release_tuple(version) -> tuple:
+    """(0, 5, 14) of "0.5.14", "0.5.14.post1" or "sglang-0.5.14"; (999,) when not a release
+    number (an unversioned backend, None)."""
+    try:
+        return tuple(int(x) for x in (version or "").rsplit("-", 1)[-1].split(".")[:3])
+    except ValueError:
+        return (999,)
+
+
 def swa_allocator(cfg):
     """The real `SWATokenToKVPoolAllocator` over a real `SWAKVPool` on the CPU, in both
     releases: one SWA layer and one full layer of one head of dimension 1 (a few bytes
@@ -119,9 +134,13 @@ def swa_allocator(cfg):
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
     P = cfg.page_size
     size, size_swa = cfg.num_pages * P, cfg.swa_pages * P
+    import inspect
+    extra = {}      # 0.5.11-0.5.14 ask for the KV layout flag (no default)
+    if "enable_kvcache_transpose" in inspect.signature(SWAKVPool.__init__).parameters:
+        extra["enable_kvcache_transpose"] = False
     kv = SWAKVPool(size=size, size_swa=size_swa, page_size=P, dtype=torch.bfloat16, head_num=1,
                    head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                   device="cpu", enable_memory_saver=False)
+                   device="cpu", enable_memory_saver=False, **extra)
     return SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=P,
                                      dtype=torch.bfloat16, device="cpu", kvcache=kv,
                                      need_sort=False)
