@@ -49,9 +49,8 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
-        from adapters.sglang.hybrid import release_tuple
-        if era == "wrapper" and release_tuple(release_version(name)) < (0, 5, 15):
-            # 0.5.14's SWA tree is not the spec's (adapters/sglang/hybrid.py `refusal`)
+        from adapters.sglang.hybrid import spec_swa_tree
+        if not spec_swa_tree(release_version(name)):    # refused there (hybrid.refusal)
             kw["hybrid_kinds"] = tuple(k for k in kw["hybrid_kinds"] if k != "swa")
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw

@@ -132,13 +132,8 @@ def _clean(s: State) -> bool:
             uncached += -(-r.allocated // P) * P - r.protected
         rp = dict.__getitem__(rows, row)[:-(-r.allocated // P)]
         holders.append((r, False, rp))
-        # I26 on the row: positions [0, committed) hold the request's tokens
-        fill = r.fill_ids
-        for i in range(min(r.committed, len(rp) * P, len(fill))):
-            p = rp[i // P]
-            c = content.get(p) if p is not None else None
-            if (None if c is None else c[i % P]) != fill[i]:
-                return False
+        if not _row_content_ok(rp, r.committed, r.fill_ids, content, P):   # I26 on the row
+            return False
         # I27: the protected prefix is the locked path
         if r.locked or virtual:
             anchor = t.last_node if virtual else ln
@@ -171,14 +166,9 @@ def _clean(s: State) -> bool:
             held_slots += -(-t.allocated // P) * P - t.protected
         rp = dict.__getitem__(rows, row)[:-(-t.allocated // P)]
         holders.append((t, True, rp))
-        # I26 on the slot's row: positions [0, committed) hold the session's tokens
-        x = sessions.get(sid)
-        tokens = x.checkpoint if x is not None else ()
-        for i in range(min(t.committed, len(rp) * P, len(tokens))):
-            p = rp[i // P]
-            c = content.get(p) if p is not None else None
-            if (None if c is None else c[i % P]) != tokens[i]:
-                return False
+        x = sessions.get(sid)                                           # I26 on the slot's row
+        if not _row_content_ok(rp, t.committed, x.checkpoint if x is not None else (), content, P):
+            return False
         if not _prefix_is_path(nodes, by_path, t, rp, t.last_node, P):  # I27
             return False
 
@@ -327,6 +317,17 @@ def _mamba_clean(s: State, reqs, slots: dict, owners: dict, tree) -> bool:
     held = sum(1 for t in slots.values() if t.row not in rows for m in mamba_refs(t) if m != -1)
     in_tree = sum(1 for n in tree if n.mamba_value is not None)
     return len(free) + in_tree + in_reqs + held == n_mamba
+
+
+def _row_content_ok(rp, committed: int, tokens, content: dict, P: int) -> bool:
+    """I26 on a row: positions [0, committed) hold the KV of `tokens` (a request's fill ids,
+    a slot's session checkpoint)."""
+    for i in range(min(committed, len(rp) * P, len(tokens))):
+        p = rp[i // P]
+        c = content.get(p) if p is not None else None
+        if (None if c is None else c[i % P]) != tokens[i]:
+            return False
+    return True
 
 
 def _prefix_is_path(nodes, by_path, h, rp, anchor, P) -> bool:

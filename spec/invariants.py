@@ -373,29 +373,35 @@ def kv_content(s: AbstractState, cfg: Config):
                 out.append(_v(kv_content, f"holds KV of {got} for key tokens {want}",
                               f"node {list(n.path)}", p))
     for r in s.reqs:
-        if r.row is None:
-            continue
-        for i in range(min(r.committed, len(r.row_pages) * P, len(r.fill_ids))):
-            p = r.row_pages[i // P]
-            c = content.get(p)
-            got = None if c is None else c[i % P]
-            if got != r.fill_ids[i]:
+        if r.row is not None:
+            bad = _row_content_mismatch(r.row_pages, r.committed, r.fill_ids, content, P)
+            if bad:
+                i, got, p = bad
                 out.append(_v(kv_content, f"row position {i} holds KV of token {got}, the request's "
                               f"token is {r.fill_ids[i]} (kv_committed_len {r.committed})", _req(r), p))
-                break
     checkpoint = {x.sid: x.checkpoint for x in s.sessions}
     for t in s.slots:
         tokens = checkpoint.get(t.sid, ())
-        for i in range(min(t.committed, len(t.row_pages) * P, len(tokens))):
-            p = t.row_pages[i // P]
-            c = content.get(p)
-            got = None if c is None else c[i % P]
-            if got != tokens[i]:
-                out.append(_v(kv_content, f"row position {i} holds KV of token {got}, the session's "
-                              f"token is {tokens[i]} (the slot's kv_committed_len {t.committed})",
-                              _slot(t), p))
-                break
+        bad = _row_content_mismatch(t.row_pages, t.committed, tokens, content, P)
+        if bad:
+            i, got, p = bad
+            out.append(_v(kv_content, f"row position {i} holds KV of token {got}, the session's "
+                          f"token is {tokens[i]} (the slot's kv_committed_len {t.committed})",
+                          _slot(t), p))
     return out
+
+
+def _row_content_mismatch(row_pages, committed: int, tokens, content: dict, P: int):
+    """The first row position in [0, committed) whose KV is not of its token: (position,
+    the token its KV is of, page), or None. A request's row against its fill ids, a slot's
+    against the session's checkpoint."""
+    for i in range(min(committed, len(row_pages) * P, len(tokens))):
+        p = row_pages[i // P]
+        c = content.get(p)
+        got = None if c is None else c[i % P]
+        if got != tokens[i]:
+            return i, got, p
+    return None
 
 
 @invariant("I27", "a row's protected prefix is the locked tree path")

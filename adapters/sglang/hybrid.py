@@ -92,7 +92,7 @@ import types
 def refusal(cfg, api: str, version: str = ""):
     """Why this adapter cannot run cfg's hybrid fields on this release (`version`, e.g.
     "0.5.14"; "" when not known yet), or None."""
-    if cfg.swa_window and release_tuple(version) < (0, 5, 15):
+    if cfg.swa_window and not spec_swa_tree(version):
         return (f"config.swa_window: sglang {version}'s SWARadixCache caches a finished "
                 "request's out-of-window output with its SWA KV, where 0.5.15's, which the "
                 "spec's SWA tree follows, keeps it as a tombstone and frees that SWA KV "
@@ -120,6 +120,12 @@ def release_tuple(version) -> tuple:
         return tuple(int(x) for x in (version or "").rsplit("-", 1)[-1].split(".")[:3])
     except ValueError:
         return (999,)
+
+
+def spec_swa_tree(version) -> bool:
+    """Whether the release's SWARadixCache is the one the spec's SWA tree follows (0.5.15's
+    and later; an unversioned backend is taken to be)."""
+    return release_tuple(version) >= (0, 5, 15)
 
 
 def swa_allocator(cfg):
