@@ -23,7 +23,7 @@ import sys
 import time
 from dataclasses import replace
 
-from adapters.sglang.faults import ENV
+from adapters.sglang.faults import ENV, code_of
 from adapters.sglang.proxy import available_versions
 from kvcheck.engines.exhaustive import ForkError, check_transitions
 from kvcheck.explore import PRESETS, explore
@@ -131,7 +131,8 @@ def main(argv=None) -> int:
     rows = []
     print(HEAD, flush=True)
     for v in versions:
-        todo = ([] if args.no_clean else [None]) + [n for n in wanted if v in table[n][0]]
+        todo = ([] if args.no_clean else [None]) + [n for n in wanted
+                                                     if code_of(v) in table[n][0]]
         for fault in todo:
             row = run_one(v, fault, accept=not args.no_accept)
             rows.append(row)

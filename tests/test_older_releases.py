@@ -84,3 +84,12 @@ def test_the_release_shows_u3_and_refuses_swa():
     assert f is not None and (f.id, f.step) == (t.expect.invariant, t.expect.step) == ("I20", 2)
     with pytest.raises(Exception, match="SWARadixCache"):
         make_backend(replace(SWA, era="wrapper"), "0.5.14")
+
+
+def test_planted_upstream_faults_apply_to_0_5_14_as_to_0_5_15():
+    from adapters.sglang import faults
+    assert faults.applicable("0.5.14") == faults.applicable("0.5.15")
+    assert "free_tail_slot_untouched" in faults.applicable("0.5.14")
+    faults.validate(["free_tail_slot_untouched"], "0.5.14")
+    with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.14"):
+        faults.validate(["lock_not_handed_over"], "0.5.14")      # 0.5.23's borrow code only
