@@ -37,7 +37,9 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     `MambaRadixCache` (`mamba-tree`), and on the borrow era with the radix cache disabled
     or with its Mamba tree component (`mamba-tree`); SWA on both: on the borrow era
     without prefill-aware SWA, which 0.5.23 pairs only with an all-SWA model and the
-    adapter refuses, adapters/sglang/hybrid.py)."""
+    adapter refuses, adapters/sglang/hybrid.py; from 0.5.16 to 0.5.21 neither SWA nor the
+    Mamba tree, whose unified trees under the wrapper the spec does not model; on 0.5.22
+    SWA windows of whole pages)."""
     era = release_era(name)
     kw = {}
     if era:
@@ -49,9 +51,16 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
-        from adapters.sglang.hybrid import spec_swa_tree
-        if not spec_swa_tree(release_version(name)):    # refused there (hybrid.refusal)
+        from adapters.sglang.hybrid import spec_swa_keep, spec_swa_tree, spec_wrapper_trees
+        version = release_version(name)
+        if not spec_swa_tree(version):    # refused there (hybrid.refusal)
             kw["hybrid_kinds"] = tuple(k for k in kw["hybrid_kinds"] if k != "swa")
+        if era == "wrapper" and not spec_wrapper_trees(version):    # 0.5.16-0.5.21: refused
+            kw["hybrid_kinds"] = tuple(k for k in kw["hybrid_kinds"]
+                                       if k not in ("swa", "mamba-tree"))
+        if not spec_swa_keep(version):    # 0.5.22: whole-page windows only
+            kw["hybrid_kinds"] = tuple("swa-window-pages" if k == "swa-no-prefill-aware" else k
+                                       for k in kw["hybrid_kinds"])
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
     return kw
 

@@ -270,6 +270,21 @@ CHECK_SGLANG["0.5.14"] = tuple(x for x in CHECK_SGLANG["0.5.15"] if x[0] != "sgl
 """0.5.14, the release before the seed's: 0.5.15's scopes but SWA, whose tree differs there
 (the adapter refuses it, adapters/sglang/hybrid.py)."""
 
+CHECK_SGLANG["0.5.16"] = tuple(x for x in CHECK_SGLANG["0.5.15"]
+                               if x[0] not in ("sglang-swa", "sglang-mamba-tree"))
+"""0.5.16-0.5.18 keep 0.5.15's session design (the request's allocated length and SWA
+cursor moved into a `ReqKvInfo` record, `req.kv`, that the slot copies): 0.5.15's scopes but
+the hybrid trees, which are unified there (the adapter refuses them,
+adapters/sglang/hybrid.py `spec_wrapper_trees`)."""
+
+CHECK_SGLANG["0.5.22"] = tuple(
+    x[:4] + ({**x[4], "swa_window": 4},) if x[0] == "sglang-swa" else x
+    for x in CHECK_SGLANG["0.5.23"])
+"""0.5.22, the first borrow-era release: 0.5.23's scopes, the SWA one with a window of 4
+on 2-token pages, which keeps 4 tokens in both releases (0.5.23's window 3 keeps
+`ceil_align(3, 2)` = 4 there and 3 in 0.5.22, which the adapter refuses:
+adapters/sglang/hybrid.py `spec_swa_keep`)."""
+
 for _version, _scopes in CHECK_SGLANG.items():
     PRESETS[f"check-sglang-{_version}"] = tuple(_smaller(*x) for x in _scopes)
 

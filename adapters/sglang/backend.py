@@ -9,12 +9,14 @@ each emulated step is a small method named after the upstream function it stands
 for. README.md in this directory states that fidelity boundary.
 
 Two upstream API shapes are supported:
-  * "flat"   (wrapper era, 0.5.11-0.5.15 shape; tested on 0.5.15):
-             StreamingSession(RadixCache), KV fields directly on Req / SessionSlot.
-  * "borrow" (0.5.22+; tested on 0.5.23): StreamingSession owned by UnifiedRadixCache,
-             ReqKvInfo records, TreeLock, checkpoint_kv_cache / release_kv_cache(checkpoint=).
-Anything else (e.g. 0.5.16-0.5.21, whose Req carries a shared ReqKvInfo in the wrapper
-design) is refused with the entry point that is missing or unexpected.
+  * "flat"   (wrapper era; tested on 0.5.14-0.5.16): StreamingSession(RadixCache), KV
+             fields directly on Req / SessionSlot (0.5.16-0.5.18: the allocated length and
+             SWA cursor in a `kv` ReqKvInfo the slot copies, `_flat_record`).
+  * "borrow" (0.5.22+; tested on 0.5.22-0.5.23): StreamingSession owned by
+             UnifiedRadixCache, ReqKvInfo records, TreeLock, checkpoint_kv_cache /
+             release_kv_cache(checkpoint=).
+Anything else (e.g. 0.5.11-0.5.13, or 0.5.19-0.5.21, whose slot and turn share a ReqKvInfo
+in the wrapper design) is refused with the entry point that is missing or unexpected.
 
 KV content: upstream stores no token ids next to its KV indices (the KV tensors are
 never computed here). The adapter keeps a shadow record `kv index -> token id` of every
@@ -49,6 +51,7 @@ from adapters.sglang import hybrid, shim, swa_tree, swa_unified
 VOCAB = 32000
 SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
 TESTED = {"0.5.15": "flat", "0.5.23": "borrow"}
+"""The releases each API shape was built on (others are checked: docs/upstream-findings.md)."""
 
 
 class UnsupportedRelease(RuntimeError):
@@ -89,15 +92,17 @@ def detect_api() -> str:
                                          f"sglang.srt.mem_cache.common.{name} is missing")
         return "borrow"
     slot_fields = getattr(ss.SessionSlot, "__dataclass_fields__", {})
-    if "kv" in slot_fields:
+    batch = __import__("sglang.srt.managers.schedule_batch", fromlist=["x"])
+    if "kv" in slot_fields and hasattr(batch.Req, "detach_kv"):
         raise UnsupportedRelease(
-            "SessionSlot.kv (a shared ReqKvInfo, sglang 0.5.16-0.5.21) is not supported: "
-            "only the flat wrapper API (0.5.15) and the borrow API (0.5.22+) are")
+            "SessionSlot.kv shared with the turn (Req.detach_kv: a ReqKvInfo record lent "
+            "in the wrapper design, sglang 0.5.19-0.5.21) is not supported: only the flat "
+            "wrapper API (0.5.14-0.5.15, and 0.5.16-0.5.18 whose slot keeps a copy of the "
+            "turn's ReqKvInfo) and the borrow API (0.5.22+) are")
     for name in ("try_cache_finished_req", "try_match_prefix", "release_session"):
         if not hasattr(StreamingSession, name):
             raise UnsupportedRelease(f"wrapper-era StreamingSession.{name} is missing")
     controller = __import__("sglang.srt.session.session_controller", fromlist=["x"])
-    batch = __import__("sglang.srt.managers.schedule_batch", fromlist=["x"])
     for cls, field in ((controller.Session, "committed_origin_len"),
                        (batch.Req, "full_untruncated_fill_ids")):
         if field not in cls.__init__.__code__.co_names:
@@ -129,7 +134,12 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # name or one the release does not have refuses the backend (PlantError)
         from adapters.sglang import faults
         planted = faults.install_from_env(version)
-        _SETUP.update(version=version, api=api, stub_triton=stub_triton, planted=planted)
+        # 0.5.16-0.5.18: the flat API with a request's allocated length and SWA cursor
+        # in `req.kv` (a ReqKvInfo; None once released), copied into and out of the slot
+        ss = importlib.import_module("sglang.srt.session.streaming_session")
+        record = api == "flat" and "kv" in getattr(ss.SessionSlot, "__dataclass_fields__", {})
+        _SETUP.update(version=version, api=api, stub_triton=stub_triton, planted=planted,
+                      record=record)
         if api == "flat":
             # Req.set_finish_with_abort asks the TP group for the rank only to decide
             # whether to log; a single-rank scheduler is rank 0.
@@ -145,9 +155,16 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         args.speculative_algorithm = "EAGLE"
     hybrid.seed_server_args(args)
     set_global_server_args_for_scheduler(args)
-    if _SETUP["api"] == "borrow":
+    import sglang.srt.managers.schedule_batch as sb
+    if getattr(sb, "get_tensor_model_parallel_rank", None) is None:
+        # 0.5.16+: Req.set_finish_with_abort reads get_parallel().tp_rank (a single-rank
+        # scheduler is rank 0); 0.5.16-0.5.21 keep the override record without a setter
         from sglang.srt.runtime_context import get_parallel
-        get_parallel().override_permanently(tp_rank=0)
+        par = get_parallel()
+        if hasattr(par, "override_permanently"):
+            par.override_permanently(tp_rank=0)
+        else:
+            par._overrides["tp_rank"] = 0
     return dict(_SETUP)
 
 
@@ -254,7 +271,7 @@ class SglangBackend:
                  refuse: bool = True) -> None:
         self.cfg = cfg
         info = process_setup(cfg.page_size, cfg.spec_enabled)
-        self.version, self.api = info["version"], info["api"]
+        self.version, self.api, self.record = info["version"], info["api"], info["record"]
         if expect_version and expect_version != self.version:
             raise UnsupportedRelease(f"sglang {self.version} is installed here, "
                                      f"{expect_version} was asked for")
@@ -355,9 +372,18 @@ class SglangBackend:
     def _lens(self, req):
         """(committed, allocated, protected) of a request."""
         if self.api == "flat":
-            return req.kv_committed_len, req.kv_allocated_len, req.cache_protected_len
+            return req.kv_committed_len, self._allocated(req), req.cache_protected_len
         kv = req.kv
         return kv.kv_committed_len, kv.kv_allocated_len, kv.cache_protected_len
+
+    def _flat_record(self, holder):
+        """Where a flat-API holder keeps its allocated length and SWA cursor: itself
+        (0.5.14-0.5.15) or its `kv` record (0.5.16-0.5.18; None when it holds no KV)."""
+        return holder.kv if self.record else holder
+
+    def _allocated(self, holder) -> int:
+        rec = self._flat_record(holder)
+        return 0 if rec is None else rec.kv_allocated_len
 
     def _prefix_len(self, req) -> int:
         return len(req.prefix_indices) if self.api == "flat" else req.prefix_len
@@ -757,7 +783,7 @@ class SglangBackend:
         if committed is not None:
             target.kv_committed_len = committed
         if allocated is not None:
-            target.kv_allocated_len = allocated
+            (self._flat_record(req) if self.api == "flat" else target).kv_allocated_len = allocated
 
     def _sync_batch(self, L) -> None:
         """The scheduler's merge/filter keeps the running batch's per-request tensors in
@@ -800,10 +826,10 @@ class SglangBackend:
         """Allocate row positions [start, end) with upstream's helpers (alloc_token_slots
         / alloc_paged_token_slots_extend) and write them into req_to_token."""
         import torch
-        if self.api == "flat":
-            from sglang.srt.mem_cache import common
-        else:   # 0.5.22+: the allocation helpers moved to mem_cache.allocation
+        try:    # 0.5.16+: the allocation helpers moved to mem_cache.allocation
             from sglang.srt.mem_cache import allocation as common
+        except ImportError:
+            from sglang.srt.mem_cache import common
         row = self._row(req)
         n = end - start
         if self.P == 1:
@@ -846,7 +872,7 @@ class SglangBackend:
     def _slot_kv(self, slot):
         """(row, committed, allocated, protected, last_node) of a session slot."""
         if self.api == "flat":
-            return (slot.req_pool_idx, slot.kv_committed_len, slot.kv_allocated_len,
+            return (slot.req_pool_idx, slot.kv_committed_len, self._allocated(slot),
                     slot.cache_protected_len, slot.last_node)
         kv = slot.kv
         return (kv.req_pool_idx if kv.holds_kv else None, kv.kv_committed_len,
@@ -1066,7 +1092,7 @@ class SglangBackend:
                 out["swa_uuid_for_lock"] = None if node is None else \
                     self._anchor(node.id, paths, None)
             return out
-        out = swa_tree.swa_fields(holder)
+        out = swa_tree.swa_fields(self._flat_record(holder))
         if paths is not None:
             node = swa_tree.uuid_node(self.tree, getattr(holder, "swa_uuid_for_lock", None))
             out["swa_uuid_for_lock"] = None if node is None else self._anchor(node, paths, None)
@@ -1082,7 +1108,12 @@ class SglangBackend:
         return None if row is None else int(row) - self.row_base
 
     def _flag(self, req, name):
-        return getattr(req, name) if self.api == "flat" else getattr(req.kv, name, False)
+        """`kv_committed_freed` / `kv_overallocated_freed`: on the request (0.5.14-0.5.15),
+        on its record (0.5.22+); 0.5.16-0.5.18 have neither (a released request's `kv` is
+        None, and it has left the scheduler)."""
+        if self.api == "flat":
+            return getattr(req, name, False)
+        return getattr(req.kv, name, False)
 
     def _invariant_checker(self):
         """Upstream's own `SchedulerPoolStatsObserver` and `SchedulerInvariantChecker`

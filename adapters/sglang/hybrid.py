@@ -88,6 +88,8 @@ from __future__ import annotations
 
 import types
 
+from spec.hybrid import swa_keep
+
 
 def refusal(cfg, api: str, version: str = ""):
     """Why this adapter cannot run cfg's hybrid fields on this release (`version`, e.g.
@@ -97,6 +99,22 @@ def refusal(cfg, api: str, version: str = ""):
                 "request's out-of-window output with its SWA KV, where 0.5.15's, which the "
                 "spec's SWA tree follows, keeps it as a tombstone and frees that SWA KV "
                 "(docs/upstream-findings.md, \"Older releases\")")
+    if (cfg.swa_window or cfg.mamba_tree) and api == "flat" and not spec_wrapper_trees(version):
+        what = "config.swa_window" if cfg.swa_window else "config.mamba_tree"
+        return (f"{what}: sglang {version}'s scheduler builds a UnifiedRadixCache for a hybrid "
+                "model under the StreamingSession wrapper (mem_cache/registry.py "
+                "create_tree_cache), where 0.5.15 built SWARadixCache / MambaRadixCache, "
+                "which the spec's wrapper-era hybrid trees follow; the spec models the "
+                "unified components in the borrow era only (docs/upstream-findings.md, "
+                "\"Releases between\")")
+    if cfg.swa_window and api != "flat" and not spec_swa_keep(version) and \
+            swa_keep(cfg.swa_window, cfg.page_size) != max(cfg.swa_window, cfg.page_size):
+        return (f"config.swa_window {cfg.swa_window} on page size {cfg.page_size}: sglang "
+                f"{version} keeps max(window, P) = {max(cfg.swa_window, cfg.page_size)} SWA "
+                "tokens behind pre_len (free_swa_out_of_window_slots), where 0.5.23, which "
+                "the spec's SWA follows, keeps ceil_align(max(window, P), P) = "
+                f"{swa_keep(cfg.swa_window, cfg.page_size)}; use a window of at most a page "
+                "or a page multiple (docs/upstream-findings.md, \"Releases between\")")
     if cfg.swa_window and api != "flat" and cfg.prefill_aware_swa:
         return ("config.prefill_aware_swa: 0.5.23 pairs prefill-aware SWA only with an all-SWA "
                 "model (PureSWARadixCache), not with the UnifiedRadixCache this adapter drives, "
@@ -126,6 +144,20 @@ def spec_swa_tree(version) -> bool:
     """Whether the release's SWARadixCache is the one the spec's SWA tree follows (0.5.15's
     and later; an unversioned backend is taken to be)."""
     return release_tuple(version) >= (0, 5, 15)
+
+
+def spec_wrapper_trees(version) -> bool:
+    """Whether a wrapper-era release builds 0.5.15's SWARadixCache / MambaRadixCache for a
+    hybrid model (0.5.14-0.5.15; an unversioned backend is taken to): from 0.5.16 its
+    registry routes every hybrid SWA or SSM model to UnifiedRadixCache."""
+    return release_tuple(version) < (0, 5, 16) or release_tuple(version) == (999,)
+
+
+def spec_swa_keep(version) -> bool:
+    """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
+    (spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
+    keeps `max(window, P)`, which is the same when that is a page multiple."""
+    return not (0, 5, 22) <= release_tuple(version) < (0, 5, 23)
 
 
 def swa_allocator(cfg):
@@ -208,7 +240,9 @@ def hybrid_req_to_token_pool(cfg):
     pool.start_layer = 0
     pool.layer_transfer_counter = None
     pool.mamba_pool = MambaPoolStandIn(size=cfg.mamba_slots, replayssm_write_pos=None,
-                                       replayssm_spec_write_pos=None, copies=[])
+                                       replayssm_spec_write_pos=None,
+                                       replayssm_cache_base=None, replayssm_is_flush=None,
+                                       copies=[])
     pool.mamba_allocator = MambaSlotAllocator(size=cfg.mamba_slots, device="cpu")
     pool.mamba_map = {}
     pool.mamba_ckpt_pool = None
@@ -223,8 +257,11 @@ def hybrid_req_to_token_pool(cfg):
 
 def kv_record(holder):
     """Where a request's or slot's Mamba refs live: the holder itself in 0.5.15, its
-    `ReqKvInfo` (`holder.kv`, shared by a slot and the turn borrowing it) in 0.5.22+."""
-    return getattr(holder, "kv", holder)
+    `ReqKvInfo` (`holder.kv`, shared by a slot and the turn borrowing it) in 0.5.22+. In
+    0.5.16-0.5.18 `holder.kv` holds the allocated length and SWA cursor only, the Mamba
+    refs stay on the holder."""
+    kv = getattr(holder, "kv", None)
+    return kv if kv is not None and hasattr(kv, "mamba_pool_idx") else holder
 
 
 MAMBA_CHUNK = 64

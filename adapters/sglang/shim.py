@@ -23,7 +23,7 @@ _state = {"armed": False, "calls": []}
 THIRD_PARTY = (
     "transformers", "torchvision", "IPython", "tvm_ffi", "huggingface_hub",
     "sentencepiece", "safetensors", "compressed_tensors", "regex", "gguf",
-    "partial_json_parser",
+    "partial_json_parser", "xgrammar",
 )
 # sglang modules whose import builds pydantic models out of `openai` types; the grammar
 # backend only names them in annotations.

@@ -44,10 +44,14 @@ def build(cfg, pool, alloc):
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.registry import TreeCacheBuildContext, create_unified_radix_cache
     configure_env(cfg)
+    # 0.5.22 has no `swa_gates_prefix_match`: its SWA component gates the match unless the
+    # allocator is a per-request ring (`is_swa_req_ring`), which a paged SWA pool is not
+    gates = ({"swa_gates_prefix_match": True}
+             if "swa_gates_prefix_match" in CacheInitParams.__dataclass_fields__ else {})
     params = CacheInitParams(disable=cfg.disable_radix_cache, req_to_token_pool=pool,
                              token_to_kv_pool_allocator=alloc, page_size=cfg.page_size,
-                             sliding_window_size=cfg.swa_window, swa_gates_prefix_match=True,
-                             tree_core_backend="python")
+                             sliding_window_size=cfg.swa_window, tree_core_backend="python",
+                             **gates)
     # server_args is read only by init_hicache (no HiCache here)
     ctx = TreeCacheBuildContext(
         server_args=None, params=params, is_hybrid_swa=True, is_hybrid_ssm=False,

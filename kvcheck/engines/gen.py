@@ -16,7 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from spec import ops as O
 from spec.config import Config
-from spec.pages import free_kv_aligned_pages, restore_prefix_len
+from spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
 
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
 """Prompts start with a cut of one of these, so radix matches and splits happen."""
@@ -115,9 +115,11 @@ only when named, and by default one Mamba-only config in MAMBA_TREE_ONE_IN, of e
 MAMBA_TREE_ONE_IN = 2
 
 
-SWA_NO_FLOOR = ("swa-no-prefill-aware", "swa-full-pool")
+SWA_NO_FLOOR = ("swa-no-prefill-aware", "swa-full-pool", "swa-window-pages")
 """SWA kinds drawn without 0.5.23's prefill-aware SWA (which the release pairs only with an
-all-SWA model: the sglang adapter refuses it, docs/semantics.md W1)."""
+all-SWA model: the sglang adapter refuses it, docs/semantics.md W1). "swa-window-pages" also
+rounds a window wider than a page up to whole pages, where 0.5.22's SWA keep
+(`max(window, P)`) is 0.5.23's (`ceil_align(max(window, P), P)`, spec.hybrid.swa_keep)."""
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
 NO_LAZY = ("off", "off", "eager")
@@ -136,6 +138,8 @@ def draw_hybrid(d: Drawer, cfg: Config, kinds: tuple = HYBRID_KINDS) -> Config:
     kw: dict = {}
     if "swa" in kind:
         kw["swa_window"] = draw_length(d, P, 1, 3 * P + 1, "swa_window")
+        if kind == "swa-window-pages" and kw["swa_window"] > P:
+            kw["swa_window"] = ceil_align(kw["swa_window"], P)
         if kind != "swa-full-pool":
             kw["swa_num_pages"] = d.choice([None, max(2, cfg.num_pages // 2),
                                             max(2, cfg.num_pages - 2)], "swa_num_pages")
