@@ -42,7 +42,8 @@ class ImplBackend:
             prefill_aware_swa=cfg.prefill_aware_swa,
             mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
             disable_radix_cache=cfg.disable_radix_cache, mamba_tree=cfg.mamba_tree,
-            accept=cfg.accept, debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
+            accept=cfg.accept, evict_shortfall=cfg.evict_shortfall,
+            debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------
     @torch.inference_mode()

@@ -23,8 +23,8 @@ def ceil_div(x: int, p: int) -> int:
 
 
 def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
-    """V1: if available_size() < n: evict(n). Borrow era (0.5.22+
-    evict_to_free_tokens): evict only the shortfall n - available_size()."""
+    """V1: if available_size() < n: evict(n), or only the shortfall n - available_size()
+    (`evict_shortfall`: 0.5.17+). Borrow era (0.5.22+ evict_to_free_tokens): the shortfall."""
     if getattr(tree_cache, "era", "wrapper") == "borrow":
         inner = getattr(tree_cache, "inner", tree_cache)
         if hasattr(inner, "evict_for_alloc"):
@@ -42,8 +42,9 @@ def evict_from_tree_cache(tree_cache, allocator, num_tokens: int) -> None:
         if full or swa:
             getattr(tree_cache, "inner", tree_cache).evict_hybrid(full, swa)
         return
-    if allocator.available_size() < num_tokens:
-        tree_cache.evict(num_tokens)
+    available = allocator.available_size()
+    if available < num_tokens:
+        tree_cache.evict(num_tokens - available if tree_cache.evict_shortfall else num_tokens)
 
 
 @contextmanager

@@ -55,7 +55,7 @@ class Scheduler:
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
                  mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
                  prefill_aware_swa: bool = False, mamba_tree: bool = False,
-                 accept: tuple = ()):
+                 accept: tuple = (), evict_shortfall: bool = False):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -97,7 +97,8 @@ class Scheduler:
             self.radix_cache.mamba = MambaComponent(self.radix_cache,   # component, 0.5.15's
                                                     wrapper=era == "wrapper")  # MambaRadixCache
         self.kv_buffer = KVBuffer(num_pages, page_size, self.device)
-        self.tree_cache = StreamingSession(self.radix_cache, era=era)
+        self.tree_cache = StreamingSession(self.radix_cache, era=era,
+                                           evict_shortfall=evict_shortfall)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
         # (spec.hybrid.prompt_split_on): no SWA or Mamba component
         self.radix_cache.full_only = not swa_window and not mamba_slots

@@ -82,9 +82,10 @@ def _is_streaming(req: Optional[Req]) -> bool:
 
 
 class StreamingSession:
-    def __init__(self, inner, era: str = "wrapper"):
+    def __init__(self, inner, era: str = "wrapper", evict_shortfall: bool = False):
         self.inner = inner                     # RadixCache
         self.era = era
+        self.evict_shortfall = evict_shortfall     # wrapper era: 0.5.17+'s eviction
         self.slots: dict = {}
         inner.split_at_prompt = era == "borrow"
         inner.segment_frees = era == "borrow"

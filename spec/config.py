@@ -103,6 +103,12 @@ class Config:
     1 without it; the extra buffer's checkpoints are placed by the forward's tracking),
     no SWA (not modelled together), and in the borrow era no chunked prefill (0.5.23's
     chunked checkpoints are not modelled; 0.5.15's are)."""
+    evict_shortfall: bool = False
+    """Wrapper era: `evict_from_tree_cache` asks the tree for the allocation's shortfall
+    only, `n - available_size()` (sglang 0.5.17+, `mem_cache/common.py`: "evict only the
+    shortfall"), where 0.5.14-0.5.16 ask for the whole `n` (False). The borrow era always
+    evicts the shortfall (0.5.22+ `evict_to_free_tokens`), and so does the wrapper era's SWA
+    allocator (each pool's shortfall): the field changes neither."""
     need_sort: bool = True
     """The KV allocator's `need_sort`: freed pages wait in `release_pages` and are merged
     and sorted into `free_pages` when an allocation runs short (upstream sets it under

@@ -440,7 +440,8 @@ def alloc_mamba_slot(s: State, where: str) -> int:
 
 
 def evict_from_tree_cache(s: State, n: int) -> None:
-    """V1 `evict_from_tree_cache`: if available < n, evict(n)."""
+    """V1 `evict_from_tree_cache`: if available < n, evict(n) (0.5.14-0.5.16), or only the
+    shortfall n - available (`config.evict_shortfall`: 0.5.17+; the borrow era)."""
     if s.cfg.era == "borrow":
         if hybrid.swa_on(s):
             evict_for_alloc_swa(s, n)
@@ -460,7 +461,7 @@ def evict_from_tree_cache(s: State, n: int) -> None:
             _evict_swa(s, swa_short - swa)
         return
     if available_size(s) < n:
-        evict(s, n)
+        evict(s, n - available_size(s) if s.cfg.evict_shortfall else n)
 
 
 def evict_for_alloc_swa(s: State, n: int) -> None:

@@ -74,13 +74,15 @@ def one_in(d: Drawer, n: int, label: str = "go") -> bool:
 
 def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
                 era: Optional[str] = None, accept: tuple = (), hybrid: Optional[bool] = None,
-                hybrid_kinds: tuple = (), tree_off: bool = True) -> Config:
+                hybrid_kinds: tuple = (), tree_off: bool = True,
+                evict_shortfall: Optional[bool] = None) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
     `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
     SWA / Mamba pools always (True), never (False), or one config in three (either era),
     of `hybrid_kinds` (default HYBRID_KINDS); `tree_off`: draw the disabled tree in one
     borrow-era config in six (`draw_tree_off`; False: never, as for a real release,
-    `backends.config_kw`, whose hybrid kinds say where it runs one)."""
+    `backends.config_kw`, whose hybrid kinds say where it runs one); `evict_shortfall`:
+    the wrapper era's eviction rule, drawn when None (`draw_evict_shortfall`)."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
@@ -89,7 +91,19 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
         cfg = draw_hybrid(d, cfg, hybrid_kinds or HYBRID_KINDS)
         if not hybrid_kinds:
             cfg = draw_mamba_tree_in(d, cfg, era_drawn=era is None)
-    return draw_tree_off(d, cfg) if tree_off else cfg
+    cfg = draw_tree_off(d, cfg) if tree_off else cfg
+    return draw_evict_shortfall(d, cfg, evict_shortfall)
+
+
+def draw_evict_shortfall(d: Drawer, cfg: Config, given: Optional[bool] = None) -> Config:
+    """The wrapper era's eviction rule (`Config.evict_shortfall`: 0.5.17+ evicts only the
+    shortfall): `given` (a release's rule, no draw) or drawn; drawn last, so the rest of
+    the config draws as before. The borrow era draws nothing (it always does)."""
+    from dataclasses import replace
+    if cfg.era != "wrapper":
+        return cfg
+    value = boolean(d, "evict_shortfall") if given is None else given
+    return replace(cfg, evict_shortfall=value) if value else cfg
 
 
 TREE_OFF_ONE_IN = 6

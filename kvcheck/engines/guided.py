@@ -261,7 +261,7 @@ def plan_traits(plan) -> list:
 
 TRAIT_FIELDS = ("page_size", "num_rows", "chunk_size", "spec_enabled", "overlap", "era",
                 "need_sort", "debug_mode", "mamba_extra_buffer", "prefill_aware_swa",
-                "disable_radix_cache", "swa_eviction_interval")
+                "disable_radix_cache", "swa_eviction_interval", "evict_shortfall")
 
 
 class Guided:
