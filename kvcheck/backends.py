@@ -62,6 +62,9 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
             kw["hybrid_kinds"] = tuple("swa-window-pages" if k == "swa-no-prefill-aware" else k
                                        for k in kw["hybrid_kinds"])
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
+        if era == "wrapper":        # the release's eviction rule, not drawn
+            from adapters.sglang.hybrid import evicts_shortfall
+            kw["evict_shortfall"] = evicts_shortfall(version)
     return kw
 
 
@@ -74,6 +77,20 @@ def release_refusal(cfg, name: str):
     from adapters.sglang.backend import config_refusal
     api = {"wrapper": "flat", "borrow": "borrow"}.get(release_era(name))
     return config_refusal(cfg, api, release_version(name) or name)
+
+
+def release_config(cfg, name: str):
+    """cfg with the rules a release fixes (not a choice of the run) set to that release's:
+    on a wrapper-era release, `evict_shortfall` (0.5.17+ evicts only the shortfall). For
+    the regression corpus, whose wrapper-era traces were written for 0.5.15's rule: the
+    spec then follows the release's rule on both sides. Any other cfg is returned as is."""
+    if not name.startswith("sglang") or release_era(name) != "wrapper" or cfg.era != "wrapper":
+        return cfg
+    from dataclasses import replace
+
+    from adapters.sglang.hybrid import evicts_shortfall
+    rule = evicts_shortfall(release_version(name))
+    return cfg if cfg.evict_shortfall == rule else replace(cfg, evict_shortfall=rule)
 
 
 def planted_upstream(name: str) -> dict:

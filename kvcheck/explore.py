@@ -277,6 +277,11 @@ cursor moved into a `ReqKvInfo` record, `req.kv`, that the slot copies): 0.5.15'
 the hybrid trees, which are unified there (the adapter refuses them,
 adapters/sglang/hybrid.py `spec_wrapper_trees`)."""
 
+CHECK_SGLANG["0.5.17"] = CHECK_SGLANG["0.5.18"] = tuple(
+    x[:4] + ({**x[4], "evict_shortfall": True},) + x[5:] for x in CHECK_SGLANG["0.5.16"])
+"""0.5.17-0.5.18: 0.5.16's scopes with their eviction rule (`evict_from_tree_cache` asks for
+the shortfall only, `Config.evict_shortfall`)."""
+
 CHECK_SGLANG["0.5.22"] = tuple(
     x[:4] + ({**x[4], "swa_window": 4},) if x[0] == "sglang-swa" else x
     for x in CHECK_SGLANG["0.5.23"])

@@ -54,7 +54,8 @@ def test_preset_is_0_5_15s_without_swa():
     assert RELEASES["0.5.14"] == RELEASES["0.5.15"]
 
 
-COPIES = {"0.5.14": ("0.5.15", 28), "0.5.16": ("0.5.15", 28), "0.5.22": ("0.5.23", 40)}
+COPIES = {"0.5.14": ("0.5.15", 28), "0.5.16": ("0.5.15", 28), "0.5.17": ("0.5.15", 28),
+          "0.5.18": ("0.5.15", 28), "0.5.22": ("0.5.23", 40)}
 """release -> (the release whose upstream traces it copies, how many)."""
 
 
@@ -63,7 +64,7 @@ def _body(path: Path) -> dict:
     (#meta.adapted: {"config.FIELD": value}) undone, so a copy and its original compare."""
     d = json.loads(path.read_text())
     meta = d.pop("#meta")
-    for key, _ in meta.get("adapted", {}).items():
+    for key in meta.get("adapted", {}):
         section, name = key.split(".")
         d[section].pop(name)
     exp = d.get("expect", {})
@@ -84,9 +85,10 @@ def test_corpus_copies_are_the_neighbour_release_traces(version):
         assert o.name == c.name.replace(version, source)
         assert meta.get("release", f"sglang=={version}") == f"sglang=={version}", c.name
         original = _body(o)
-        for key in meta.get("adapted", {}):     # an adapted field is one the original had
+        for key, value in meta.get("adapted", {}).items():
             section, name = key.split(".")
-            original[section].pop(name)
+            assert json.loads(c.read_text())[section][name] == value, (c.name, key)
+            original[section].pop(name, None)
         assert _body(c) == original, c.name
         exp = json.loads(c.read_text())["expect"]
         assert exp.get("backend") in (None, f"sglang-{version}"), c.name
@@ -98,7 +100,8 @@ def test_0_5_16_refuses_the_hybrid_trees_only():
         why = release_refusal(cfg, "sglang:0.5.16")
         assert why and why.startswith(what) and "UnifiedRadixCache" in why, why
         assert release_refusal(cfg, "sglang:0.5.15") is None
-        assert "UnifiedRadixCache" in (release_refusal(cfg, "sglang:0.5.21") or "")
+        assert "UnifiedRadixCache" in (release_refusal(replace(cfg, evict_shortfall=True),
+                                                       "sglang:0.5.21") or "")
     assert release_refusal(Config(mamba_slots=6), "sglang:0.5.16") is None
     assert config_kw("sglang:0.5.16")["hybrid_kinds"] == ("mamba-no-lazy",)
     assert config_kw("sglang:0.5.15")["hybrid_kinds"] == ("mamba-no-lazy", "swa", "mamba-tree")
@@ -124,7 +127,7 @@ def test_0_5_22_refuses_swa_windows_its_keep_differs_on():
     assert RELEASES["0.5.22"] == RELEASES["0.5.23"]
 
 
-@pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.22"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.17", "0.5.22"])
 def test_generated_configs_are_never_refused(version):
     """The differential run draws only configurations the release runs (a refused one
     would be a skipped sequence, not a checked one)."""
@@ -137,6 +140,15 @@ def test_generated_configs_are_never_refused(version):
         hybrid_seen.add((bool(cfg.swa_window), bool(cfg.mamba_slots), cfg.mamba_tree))
     assert (False, True, False) in hybrid_seen      # a Mamba pool is drawn on each
     assert ((True, False, False) in hybrid_seen) == (version == "0.5.22")
+
+
+def test_0_5_17_and_0_5_18_are_0_5_16_with_their_eviction_rule():
+    for v in ("0.5.17", "0.5.18"):
+        scopes, base = E.PRESETS[f"check-sglang-{v}"], E.PRESETS["check-sglang-0.5.16"]
+        assert [sc.name for sc in scopes] == [sc.name for sc in base]
+        assert all(sc.cfg == replace(b.cfg, evict_shortfall=True) for sc, b in zip(scopes, base))
+        assert all(release_refusal(sc.cfg, f"sglang:{v}") is None for sc in scopes)
+        assert RELEASES[v] == RELEASES["0.5.16"]
 
 
 def _venv(version):

@@ -193,13 +193,14 @@ def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
 def _assert_drawn_mamba_tree_lockstep(version, era, n):
     _need(version)
     from adapters.sglang.proxy import SglangProxy
-    from kvcheck.backends import known_findings
+    from kvcheck.backends import config_kw, known_findings
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
+    kw = {**config_kw(f"sglang:{version}"), "hybrid": True, "hybrid_kinds": ("mamba-tree",)}
+    assert kw["era"] == era
     for i in range(n):
         seq = walk(3, i, lambda cfg: SglangProxy(cfg, version), f"sglang:{version}", Stats(),
-                   length=48, skip=known_findings(f"sglang:{version}"), config_kw={
-                       "hybrid": True, "era": era, "hybrid_kinds": ("mamba-tree",)})
+                   length=48, skip=known_findings(f"sglang:{version}"), config_kw=kw)
         assert seq.cfg.mamba_tree and seq.failure is None, seq.failure.render()
 
 

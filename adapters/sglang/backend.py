@@ -9,7 +9,7 @@ each emulated step is a small method named after the upstream function it stands
 for. README.md in this directory states that fidelity boundary.
 
 Two upstream API shapes are supported:
-  * "flat"   (wrapper era; tested on 0.5.14-0.5.16): StreamingSession(RadixCache), KV
+  * "flat"   (wrapper era; tested on 0.5.14-0.5.18): StreamingSession(RadixCache), KV
              fields directly on Req / SessionSlot (0.5.16-0.5.18: the allocated length and
              SWA cursor in a `kv` ReqKvInfo the slot copies, `_flat_record`).
   * "borrow" (0.5.22+; tested on 0.5.22-0.5.23): StreamingSession owned by
@@ -212,6 +212,11 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
     if era and cfg.era != era:
         return (f"config.era is {cfg.era!r} but sglang {version} is a {era}-era release; "
                 f"run this trace with era={era!r}")
+    rule = hybrid.evicts_shortfall(version)
+    if api == "flat" and cfg.evict_shortfall != rule:
+        return (f"config.evict_shortfall is {cfg.evict_shortfall} but sglang {version}'s "
+                f"evict_from_tree_cache evicts {'only the shortfall' if rule else 'the whole need'} "
+                f"(0.5.17+ the shortfall); run this trace with evict_shortfall={rule}")
     return hybrid.refusal(cfg, api, version)
 
 

@@ -153,6 +153,13 @@ def spec_wrapper_trees(version) -> bool:
     return release_tuple(version) < (0, 5, 16) or release_tuple(version) == (999,)
 
 
+def evicts_shortfall(version) -> bool:
+    """Whether a wrapper-era release's `evict_from_tree_cache` evicts only the allocation's
+    shortfall (0.5.17+, `Config.evict_shortfall`) rather than its whole need (0.5.14-0.5.16;
+    an unversioned backend is taken to be recent)."""
+    return release_tuple(version) >= (0, 5, 17)
+
+
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
     (spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
