@@ -609,7 +609,14 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             req.locked = False
         return
     branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
-    keys_len = floor_align(committed if branch is None else branch, P)
+    n = committed
+    if branch is None and s.cfg.era == "wrapper":
+        # 0.5.15 radix_cache.py l.451-454: the key, and the row slice whose rest is freed,
+        # are `(origin_input_ids + output_ids)[:kv_committed_len]`: shorter than committed
+        # only when a later turn rewrote the arrays in place (U1, `aliases_token_arrays`);
+        # row positions [n, committed) are then freed by nothing
+        n = min(committed, len(req.fill_ids))
+    keys_len = floor_align(n if branch is None else branch, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         key = fill_key(s, req, finished=True)[:keys_len]
         new_prefix_len = insert(s, key, s.rows[req.row][:keys_len // P],
@@ -620,8 +627,9 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             _split_at_prompt(s, req, key)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
-    if committed > keys_len:
-        _free_row_range(s, req.row, keys_len, committed)    # the unaligned tail page
+    end = n if branch is None else committed
+    if end > keys_len:
+        _free_row_range(s, req.row, keys_len, end)    # the unaligned tail page
     if req.locked:
         dec_lock_ref(s, req.last_node)
         req.locked = False

@@ -157,3 +157,19 @@ def test_i26_on_a_slot_is_past_the_accepted_model():
     assert not M.within_accepted(("U2",), [Violation("I26", "", "", "slot of session 1", 3)])
     assert M.within_accepted(("U2",), [Violation("I20", "", "", "session 1", None)])
     assert not M.within_accepted(("U3",), [Violation("I26", "", "", "req 1", 3)])
+
+
+def test_a_retract_keyed_by_arrays_u1_shortened_frees_a_tree_page():
+    """U1's page-level consequence (docs/upstream-findings.md, U1): the release of a turn
+    whose `origin_input_ids` a later turn rewrote in place keys by the arrays, as
+    0.5.15's `RadixCache.cache_finished_req` does: a page the tree holds is freed (I17)
+    and the row's last page leaks (I2), on the spec itself, so the lockstep stops there
+    as beyond the accepted model (the release does the same)."""
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / "u1-retract-frees-tree-page-sglang-0.5.15.json")
+    res = run_ops(t.config, t.ops, None, backend_name="spec")
+    b = res.beyond
+    assert res.failure is None and b is not None and (b.step, b.reason) == (11, "I17"), b
+    text = b.render()
+    assert "tree node's page is in the free list" in text and "page 4" in text, text
+    assert "page 5]: page is in no free list" in text, text
