@@ -179,9 +179,15 @@ def test_the_release_shows_u3_and_refuses_swa():
         make_backend(replace(SWA, era="wrapper"), "0.5.14")
 
 
-def test_planted_upstream_faults_apply_to_0_5_14_as_to_0_5_15():
+def test_planted_upstream_faults_apply_to_their_neighbours_code():
     from adapters.sglang import faults
-    assert faults.applicable("0.5.14") == faults.applicable("0.5.15")
+    assert faults.applicable("0.5.14") == faults.applicable("0.5.16") == \
+        faults.applicable("0.5.15")
+    assert faults.applicable("0.5.22") == faults.applicable("0.5.23")
+    assert faults.applicable("0.5.17") == []            # not mapped: not measured
+    with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.17"):
+        faults.validate(["close_keeps_row"], "0.5.17")
+    faults.validate(["lock_not_handed_over"], "0.5.22")
     assert "free_tail_slot_untouched" in faults.applicable("0.5.14")
     faults.validate(["free_tail_slot_untouched"], "0.5.14")
     with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.14"):

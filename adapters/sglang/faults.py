@@ -219,9 +219,12 @@ def _free_tail_slot_untouched(version: str) -> None:
     # lengths as they were: the retry frees the same tail again.
     def make(orig):
         def _free_tail(self, slot, req, prefix_len):
-            kept = (slot.kv_allocated_len, slot.kv_committed_len)
+            # the allocated length: on the slot (0.5.14-0.5.15), in its copy of the
+            # turn's ReqKvInfo (0.5.16-0.5.18, `slot.kv`, which _free_tail trims in place)
+            rec = slot.kv if getattr(slot, "kv", None) is not None else slot
+            kept = (rec.kv_allocated_len, slot.kv_committed_len)
             out = orig(self, slot, req, prefix_len)
-            slot.kv_allocated_len, slot.kv_committed_len = kept
+            rec.kv_allocated_len, slot.kv_committed_len = kept
             return out
         return _free_tail
     _patch(SS, "StreamingSession", "_free_tail", make)
@@ -342,11 +345,13 @@ def requested(env: dict | None = None) -> tuple:
     return tuple(out)
 
 
-SAME_CODE = {"0.5.14": "0.5.15"}
+SAME_CODE = {"0.5.14": "0.5.15", "0.5.16": "0.5.15", "0.5.22": "0.5.23"}
 """A release whose patched methods are another's, as the installers know them: 0.5.14's
-StreamingSession, SessionSlot, RadixCache and paged allocator methods have 0.5.15's names,
-arguments and fields (`python -m benchmarks.bench_sglang_faults --versions 0.5.14`: all 12
-caught, the clean release passes)."""
+and 0.5.16's StreamingSession, SessionSlot, RadixCache and paged allocator methods have
+0.5.15's names and arguments (0.5.16's slot keeps its allocated length in `slot.kv`, which
+`free_tail_slot_untouched` reads there), 0.5.22's have 0.5.23's. `python -m
+benchmarks.bench_sglang_faults --versions V`: 12 of 12 caught on 0.5.14 and 0.5.16, 9 of 9
+on 0.5.22, each where its neighbour's is; the clean release passes every scope."""
 
 
 def code_of(version: str) -> str:
