@@ -181,12 +181,12 @@ def test_the_release_shows_u3_and_refuses_swa():
 
 def test_planted_upstream_faults_apply_to_their_neighbours_code():
     from adapters.sglang import faults
-    assert faults.applicable("0.5.14") == faults.applicable("0.5.16") == \
-        faults.applicable("0.5.15")
+    for v in ("0.5.14", "0.5.16", "0.5.17", "0.5.18"):
+        assert faults.applicable(v) == faults.applicable("0.5.15"), v
     assert faults.applicable("0.5.22") == faults.applicable("0.5.23")
-    assert faults.applicable("0.5.17") == []            # not mapped: not measured
-    with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.17"):
-        faults.validate(["close_keeps_row"], "0.5.17")
+    assert faults.applicable("0.5.21") == []            # a refused release: none
+    with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.21"):
+        faults.validate(["close_keeps_row"], "0.5.21")
     faults.validate(["lock_not_handed_over"], "0.5.22")
     assert "free_tail_slot_untouched" in faults.applicable("0.5.14")
     faults.validate(["free_tail_slot_untouched"], "0.5.14")

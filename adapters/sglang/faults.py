@@ -345,13 +345,15 @@ def requested(env: dict | None = None) -> tuple:
     return tuple(out)
 
 
-SAME_CODE = {"0.5.14": "0.5.15", "0.5.16": "0.5.15", "0.5.22": "0.5.23"}
+SAME_CODE = {"0.5.14": "0.5.15", "0.5.16": "0.5.15", "0.5.17": "0.5.15", "0.5.18": "0.5.15",
+             "0.5.22": "0.5.23"}
 """A release whose patched methods are another's, as the installers know them: 0.5.14's
 and 0.5.16's StreamingSession, SessionSlot, RadixCache and paged allocator methods have
 0.5.15's names and arguments (0.5.16's slot keeps its allocated length in `slot.kv`, which
-`free_tail_slot_untouched` reads there), 0.5.22's have 0.5.23's. `python -m
-benchmarks.bench_sglang_faults --versions V`: 12 of 12 caught on 0.5.14 and 0.5.16, 9 of 9
-on 0.5.22, each where its neighbour's is; the clean release passes every scope."""
+`free_tail_slot_untouched` reads there; so do 0.5.17's and 0.5.18's), 0.5.22's have
+0.5.23's. `python -m benchmarks.bench_sglang_faults --versions V`: 12 of 12 caught on each
+of 0.5.14 and 0.5.16-0.5.18, 9 of 9 on 0.5.22 (adapters/sglang/README.md); the clean
+release passes every scope."""
 
 
 def code_of(version: str) -> str:
