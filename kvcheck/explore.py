@@ -277,14 +277,19 @@ cursor moved into a `ReqKvInfo` record, `req.kv`, that the slot copies): 0.5.15'
 the hybrid trees, which are unified there (the adapter refuses them,
 adapters/sglang/hybrid.py `spec_wrapper_trees`)."""
 
+def _with_cfg(entry: tuple, **cfg_kw) -> tuple:
+    """A CHECK_SGLANG entry (name, preset, scope, depth, cfg_kw[, scope_kw]) with more
+    configuration fields."""
+    return entry[:4] + ({**entry[4], **cfg_kw},) + entry[5:]
+
+
 CHECK_SGLANG["0.5.17"] = CHECK_SGLANG["0.5.18"] = tuple(
-    x[:4] + ({**x[4], "evict_shortfall": True},) + x[5:] for x in CHECK_SGLANG["0.5.16"])
+    _with_cfg(x, evict_shortfall=True) for x in CHECK_SGLANG["0.5.16"])
 """0.5.17-0.5.18: 0.5.16's scopes with their eviction rule (`evict_from_tree_cache` asks for
 the shortfall only, `Config.evict_shortfall`)."""
 
 CHECK_SGLANG["0.5.22"] = tuple(
-    x[:4] + ({**x[4], "swa_window": 4},) if x[0] == "sglang-swa" else x
-    for x in CHECK_SGLANG["0.5.23"])
+    _with_cfg(x, swa_window=4) if x[0] == "sglang-swa" else x for x in CHECK_SGLANG["0.5.23"])
 """0.5.22, the first borrow-era release: 0.5.23's scopes, the SWA one with a window of 4
 on 2-token pages, which keeps 4 tokens in both releases (0.5.23's window 3 keeps
 `ceil_align(3, 2)` = 4 there and 3 in 0.5.22, which the adapter refuses:

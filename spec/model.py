@@ -460,8 +460,9 @@ def evict_from_tree_cache(s: State, n: int) -> None:
             _, swa = _evict_full(s, full_short)
             _evict_swa(s, swa_short - swa)
         return
-    if available_size(s) < n:
-        evict(s, n - available_size(s) if s.cfg.evict_shortfall else n)
+    available = available_size(s)
+    if available < n:
+        evict(s, n - available if s.cfg.evict_shortfall else n)
 
 
 def evict_for_alloc_swa(s: State, n: int) -> None:
@@ -627,9 +628,8 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             _split_at_prompt(s, req, key)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
-    end = n if branch is None else committed
-    if end > keys_len:
-        _free_row_range(s, req.row, keys_len, end)    # the unaligned tail page
+    if n > keys_len:
+        _free_row_range(s, req.row, keys_len, n)    # the unaligned tail page
     if req.locked:
         dec_lock_ref(s, req.last_node)
         req.locked = False
