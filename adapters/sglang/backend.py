@@ -216,7 +216,8 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
     if api == "flat" and cfg.evict_shortfall != rule:
         return (f"config.evict_shortfall is {cfg.evict_shortfall} but sglang {version}'s "
                 f"evict_from_tree_cache evicts {'only the shortfall' if rule else 'the whole need'} "
-                f"(0.5.17+ the shortfall); run this trace with evict_shortfall={rule}")
+                "(0.5.14-0.5.16 the whole need, 0.5.17+ the shortfall); run this trace with "
+                f"evict_shortfall={rule}")
     return hybrid.refusal(cfg, api, version)
 
 
