@@ -319,6 +319,9 @@ def _header(console, c, bname, rounds, seconds, workers, use_ray) -> None:
                  + (f", {workers} workers" if workers > 1 else "") + (" on Ray" if use_ray else ""))
     if c.accept:
         console.line(f"  the spec takes upstream's behaviour for {', '.join(c.accept)} (--accept)")
+        if c.engine != "hypothesis":
+            console.line("  one sequence in two leaves out the operations that lead past the accepted "
+                         "findings' model (a second live turn of a session), so it is compared to its end")
     if known_findings(c.backend, c.accept) is not None:
         console.line("  leaving out operations that trigger the findings recorded for "
                      f"{bname} (docs/upstream-findings.md; their traces stay in stateful_tests/upstream/)")

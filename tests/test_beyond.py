@@ -96,32 +96,32 @@ def test_a_walk_that_goes_beyond_ends_and_is_counted():
 
 
 def test_fuzz_and_check_report_the_sequences_beyond(tmp_path):
-    """Seed 0 (check's), sequences 0 and 1: both go beyond (I4 and I22)."""
-    rep = fuzz(None, 0, "spec", tmp_path, rounds=2, accept=("U1", "U2"), quiet=True)
-    assert not rep.found and rep.beyond == {"I22": 1, "I4": 1} and rep.not_compared > 0
-    line = (f"beyond the accepted findings' model: 2 sequences (I22 x1, I4 x1), "
+    """Seed 0 (check's), its first 8 sequences: three go beyond (I22 twice, I26 once)."""
+    rep = fuzz(None, 0, "spec", tmp_path, rounds=8, accept=("U1", "U2"), quiet=True)
+    assert not rep.found and rep.beyond == {"I22": 2, "I26": 1} and rep.not_compared > 0
+    line = (f"beyond the accepted findings' model: 3 sequences (I22 x2, I26 x1), "
             f"{rep.not_compared} steps not compared")
     assert line in rep.render()
-    assert "beyond" not in fuzz(None, 0, "spec", tmp_path, rounds=2, quiet=True).render()
+    assert "beyond" not in fuzz(None, 0, "spec", tmp_path, rounds=8, quiet=True).render()
     seen: dict = {}
-    ok, detail = differential_part("spec", tmp_path, 2, "walk", ("U1", "U2"), beyond=seen)
+    ok, detail = differential_part("spec", tmp_path, 8, "walk", ("U1", "U2"), beyond=seen)
     assert line in detail
-    assert seen == {"sequences": 2, "steps_not_compared": rep.not_compared,
-                    "reasons": {"I22": 1, "I4": 1}}
+    assert seen == {"sequences": 3, "steps_not_compared": rep.not_compared,
+                    "reasons": {"I22": 2, "I26": 1}}
 
 
 def test_check_json_has_the_beyond_summary(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
-                        "--accept", "U1,U2", "--examples", "2", "--skip-explore", "--skip-proofs",
+                        "--accept", "U1,U2", "--examples", "8", "--skip-explore", "--skip-proofs",
                         "--out", str(tmp_path / "f"), "--json", str(out)],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.exists(), p.stdout + p.stderr
     s = json.loads(out.read_text())
-    assert s["beyond"]["sequences"] == 2 and s["beyond"]["reasons"] == {"I22": 1, "I4": 1}
+    assert s["beyond"]["sequences"] == 3 and s["beyond"]["reasons"] == {"I22": 2, "I26": 1}
     assert s["beyond"]["steps_not_compared"] > 0
-    assert "beyond the accepted findings' model: 2 sequences (I22 x1, I4 x1)" in p.stdout
+    assert "beyond the accepted findings' model: 3 sequences (I22 x2, I26 x1)" in p.stdout
 
 
 def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):

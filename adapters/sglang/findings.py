@@ -70,3 +70,27 @@ def known_trigger(version: Optional[str], accept=()):
         f = _trigger(s, op)
         return f if f in present else None
     return skip
+
+
+def leaves_one_turn_per_session(s, op) -> Optional[str]:
+    """Whether op would end "one live turn per session, which its session outlives" on a
+    spec that accepts U1, U2, U3 or U6 (each clears `_inflight` while a turn of the session
+    still lives): a turn submitted, or the session closed, while an earlier turn of it is
+    queued, running or retracted and the session is not in flight; a stub whose
+    `abort_req()` clears a running turn's mark (U1 at its schedule, U6 at its queue drop)
+    while a close waits for that turn. Past these the spec soon breaks an invariant
+    outside the accepted findings' model (I4, I22: two turns on one row, a session
+    released under its turn) and the lockstep stops comparing (`checker.Beyond`); the
+    walk leaves them out of one sequence in two (`walk.draw_findings`)."""
+    if isinstance(op, (O.SubmitTurn, O.CloseSession)):
+        sess = s.sessions.get(op.sid)
+        if sess is None or sess.inflight_rid is not None:
+            return None
+        for r in dict.values(s.reqs):
+            if r.session == op.sid and not r.rejected:
+                return "one turn per session"
+        return None
+    if isinstance(op, (O.Schedule, O.AbortQueued, O.QueueReject)) and \
+            _queued_stub_of_busy_session(s, op.rid) and s.sessions[s.reqs[op.rid].session].close_pending:
+        return "one turn per session"
+    return None
