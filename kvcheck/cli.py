@@ -17,12 +17,13 @@ from kvcheck.engines import DEFAULT_ENGINE, ENGINES
 from kvcheck.errors import ROOT, UsageError
 from kvcheck.shrink import DEFAULT_REPLAYS
 
-EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
 EXIT_CODES = """exit codes (every command):
   0    nothing found
   1    a finding: a violation, a divergence, a missed planted fault
   2    a usage or input error (one line on stderr, before any work)
-  130  interrupted"""
+  130  interrupted
+  141  the reader of the output went away (e.g. `| head`): stopped there"""
 FAILURES = ROOT / "failures"
 HYPOTHESIS_HOME = ROOT / ".hypothesis"
 
@@ -248,6 +249,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"{cmd}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # stdout's reader closed it (`kvcheck fuzz ... | head`): stop as a shell tool does on
+        # SIGPIPE, without a traceback; stdout goes to /dev/null so that the interpreter's
+        # flush at exit does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
 
 
 if __name__ == "__main__":

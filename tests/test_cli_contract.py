@@ -352,7 +352,7 @@ def test_fuzz_writes_nothing_in_the_working_directory(tmp_path):
 def test_help_documents_exit_codes_and_failure_ids(capsys):
     rc, out, err = run_main(capsys, ["--help"])
     assert rc == 0
-    for code in ("0 ", "1 ", "2 ", "130"):
+    for code in ("0 ", "1 ", "2 ", "130", "141"):
         assert re.search(rf"^\s+{code}", out, re.M), code
     assert "kvcheck explain ID" in out
 
@@ -476,6 +476,18 @@ def test_workflow_is_valid_and_runs_check_and_nightly_fuzz():
     assert any("make check" in s for s in steps.values())
     fuzz = next(s for s in steps.values() if "make fuzz" in s)
     assert "upload-artifact" in fuzz and "failures" in yaml.safe_dump(wf)
+
+
+def test_a_closed_output_pipe_exits_141_without_a_traceback(tmp_path):
+    """`kvcheck fuzz ... | head -1`: the reader goes away before the report is printed."""
+    p = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", "fuzz", "--backend", "spec",
+                          "--rounds", "20", "--seed", "1", "--out", str(tmp_path)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    p.stdout.close()                      # the reader is gone before the first line
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
 def test_an_interrupt_anywhere_in_a_command_exits_130(capsys, monkeypatch):
