@@ -504,8 +504,12 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     row = s.rows[req.row]
     branch = hybrid.swa_branch_cache_len(req, req.committed)
     cache_len = req.committed if branch is None else branch
-    keys_len = floor_align(cache_len, P)
-    key = req.fill[:keys_len]                   # get_fill_ids() (0.5.23: fill[:extend_end])
+    # the key is `get_fill_ids()` (0.5.15 radix_cache.py l.493-500; 0.5.23 `checkpoint`,
+    # fill[:extend_end]) page-aligned: shorter than committed only when a later turn
+    # rewrote the shared array in place (U1); cache_protected_len then becomes that
+    # shorter length, as upstream's `len(new_indices)` does
+    keys_len = floor_align(min(cache_len, len(req.fill)), P)
+    key = req.fill[:keys_len]
     hybrid.free_out_of_window_slots(s, req, cache_len)
     new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
                             prev_prefix_len=req.protected)

@@ -173,3 +173,19 @@ def test_a_retract_keyed_by_arrays_u1_shortened_frees_a_tree_page():
     text = b.render()
     assert "tree node's page is in the free list" in text and "page 4" in text, text
     assert "page 5]: page is in no free list" in text, text
+
+
+def test_a_chunk_checkpoint_keys_the_array_a_later_turn_shortened():
+    """U2's retracts let turn 13 in while turn 12 lives; their shared array, rewritten,
+    is shorter than turn 12's kv_committed_len at its next chunk. Upstream keys that
+    checkpoint by the array (`get_fill_ids()`) and goes on; so does the spec (it stopped
+    there with an assertion of its own, ModelError 'cache_unfinished_req: re-match'): both insert nodes
+    holding KV of other tokens (I26 on a node), beyond the accepted model at step 13."""
+    from kvcheck.trace import load
+    for v in ("0.5.15", "0.5.23"):
+        t = load(ROOT / "stateful_tests" / "upstream" /
+                 f"u2-chunk-checkpoint-keys-rewritten-fill-sglang-{v}.json")
+        res = run_ops(t.config, t.ops, None, backend_name="spec")
+        b = res.beyond
+        assert res.failure is None and b is not None and (b.step, b.reason) == (13, "I26"), (v, b)
+        assert "[node [2, 1, 1, 1, 2, 4]; page 4]" in b.render(), b.render()
