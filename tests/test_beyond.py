@@ -12,6 +12,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 import spec.model as M
 from kvcheck.checker import SPEC_ASSERTION, Lockstep, run_ops
 from kvcheck.check import differential_part
@@ -189,3 +191,28 @@ def test_a_chunk_checkpoint_keys_the_array_a_later_turn_shortened():
         b = res.beyond
         assert res.failure is None and b is not None and (b.step, b.reason) == (13, "I26"), (v, b)
         assert "[node [2, 1, 1, 1, 2, 4]; page 4]" in b.render(), b.render()
+
+
+def _release(version, *args):
+    return pytest.param(version, *args, marks=pytest.mark.skipif(
+        not (ROOT / f".venv-sglang-{version}" / "bin" / "python").exists(),
+        reason=f"no .venv-sglang-{version} (make sglang-env)"))
+
+
+@pytest.mark.parametrize("version,step", [_release("0.5.15", 10), _release("0.5.23", 9)])
+def test_u1_crashes_the_scheduler_at_the_assertion_the_spec_stops_at(version, step):
+    """U1's crash consequence (docs/upstream-findings.md, U1): the spec stops with
+    upstream's own assertion ("streaming session prefix shrank"), and the release, run
+    alone past that point, raises that assertion at that step (0.5.15's trace needs a
+    speculative step, 0.5.23's does not)."""
+    from adapters.sglang.conformance import past_failure
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / f"u1-prefix-shrank-crash-sglang-{version}.json")
+    res = run_ops(t.config, t.ops, None, backend_name="spec")
+    b = res.beyond
+    assert res.failure is None and b is not None and (b.step, b.reason) == (step, "ModelError"), b
+    assert "streaming session prefix shrank: prefix_len=3" in b.details[0], b.details
+    states, lines = past_failure(t, version)
+    assert len(states) == step, lines               # the steps before ran, that one raised
+    assert f"step {step:>3} schedule(rid=7, admit=True): raised" in lines[-1], lines
+    assert "AssertionError: streaming session prefix shrank: prefix_len=3" in lines[-1], lines
