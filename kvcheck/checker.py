@@ -86,7 +86,10 @@ class Beyond:
     """Under `Config.accept`, where the spec left what the model follows after it took
     upstream's behaviour for an accepted finding: from this step on nothing is compared.
     `reason`: "ModelError" (the spec reached an upstream assertion) or the first invariant
-    outside the accepted findings' ACCEPTED_INVARIANTS it broke (`details`: all of them)."""
+    outside the accepted findings' ACCEPTED_INVARIANTS it broke (`details`: all of them); or
+    the system under test's own word that its state is past what the spec follows of it
+    (`past_model()`, asked under `Config.accept` only: sglang 0.5.19-0.5.21's shared
+    session record, "R1", adapters/sglang/backend.py)."""
     step: int
     op: Op
     reason: str
@@ -184,6 +187,9 @@ class Lockstep:
         if self.backend is not None:
             fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec,
                                   known, verdict)
+            if isinstance(fail, Beyond):    # the release left what the spec follows of it
+                self.beyond = fail
+                return rec, None
             if fail is not None:
                 return rec, fail
         self.state, self.prev, self.steps = s, b_spec, i + 1
@@ -285,6 +291,10 @@ def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec,
     rec.backend_outcome = out
     rec.backend_state = b_impl
     backend._kvcheck_prev = b_impl
+    past = getattr(backend, "past_model", None) if cfg.accept else None
+    why = past() if past is not None else None
+    if why:     # e.g. sglang 0.5.19-0.5.21 past U1/U2: two turns on one shared record
+        return Beyond(i, op, why.split(":", 1)[0], [f"{name}: {why}"])
     same = backend._kvcheck_same = REUSE_EQUAL_VERDICT and b_impl == b_spec
     vs = list(concrete)
     if same and was_same and out == spec_out and spec_verdict is not None and prev is not None:

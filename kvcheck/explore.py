@@ -288,6 +288,15 @@ CHECK_SGLANG["0.5.17"] = CHECK_SGLANG["0.5.18"] = tuple(
 """0.5.17-0.5.18: 0.5.16's scopes with their eviction rule (`evict_from_tree_cache` asks for
 the shortfall only, `Config.evict_shortfall`)."""
 
+CHECK_SGLANG["0.5.19"] = CHECK_SGLANG["0.5.18"]
+"""0.5.19: 0.5.18's scopes. Its slot and turn share one `ReqKvInfo` (the slot takes the first
+turn's record, `Req.detach_kv`; a later turn runs on the slot's), which the adapter reads
+back as 0.5.18's copy (adapters/sglang/backend.py `_note_slot_copies`); with one turn on a
+record at a time the bookkeeping is the wrapper era's with the shortfall eviction, and a
+state with two (only past accepted U1/U2) is past the model (`past_model`, R1;
+docs/upstream-findings.md, "Releases between"). 0.5.20-0.5.21 are refused (their
+RadixCache splits a finished request's path at the prompt boundary)."""
+
 CHECK_SGLANG["0.5.22"] = tuple(
     _with_cfg(x, swa_window=4) if x[0] == "sglang-swa" else x for x in CHECK_SGLANG["0.5.23"])
 """0.5.22, the first borrow-era release: 0.5.23's scopes, the SWA one with a window of 4

@@ -55,7 +55,7 @@ def test_preset_is_0_5_15s_without_swa():
 
 
 COPIES = {"0.5.14": ("0.5.15", 31), "0.5.16": ("0.5.15", 31), "0.5.17": ("0.5.15", 31),
-          "0.5.18": ("0.5.15", 31), "0.5.22": ("0.5.23", 42)}
+          "0.5.18": ("0.5.15", 31), "0.5.19": ("0.5.15", 31), "0.5.22": ("0.5.23", 42)}
 """release -> (the release whose upstream traces it copies, how many)."""
 
 
@@ -127,7 +127,7 @@ def test_0_5_22_refuses_swa_windows_its_keep_differs_on():
     assert RELEASES["0.5.22"] == RELEASES["0.5.23"]
 
 
-@pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.17", "0.5.22"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.16", "0.5.17", "0.5.19", "0.5.22"])
 def test_generated_configs_are_never_refused(version):
     """The differential run draws only configurations the release runs (a refused one
     would be a skipped sequence, not a checked one)."""
@@ -149,6 +149,17 @@ def test_0_5_17_and_0_5_18_are_0_5_16_with_their_eviction_rule():
         assert all(sc.cfg == replace(b.cfg, evict_shortfall=True) for sc, b in zip(scopes, base))
         assert all(release_refusal(sc.cfg, f"sglang:{v}") is None for sc in scopes)
         assert RELEASES[v] == RELEASES["0.5.16"]
+
+
+def test_0_5_19_is_0_5_18s_scopes_and_findings():
+    """0.5.19 keeps the wrapper era's bookkeeping on a shared record (tests/test_shared_record.py)."""
+    assert differential_preset("sglang:0.5.19") == "check-sglang-0.5.19"
+    assert E.PRESETS["check-sglang-0.5.19"] == E.PRESETS["check-sglang-0.5.18"]
+    assert RELEASES["0.5.19"] == RELEASES["0.5.18"]
+    assert "0.5.20" not in RELEASES and "0.5.21" not in RELEASES        # refused
+    assert "check-sglang-0.5.20" not in E.PRESETS
+    assert release_era("sglang:0.5.19") == "wrapper"
+    assert config_kw("sglang:0.5.19")["evict_shortfall"] is True
 
 
 def _venv(version):
@@ -185,6 +196,7 @@ def test_planted_upstream_faults_apply_to_their_neighbours_code():
         assert faults.applicable(v) == faults.applicable("0.5.15"), v
     assert faults.applicable("0.5.22") == faults.applicable("0.5.23")
     assert faults.applicable("0.5.21") == []            # a refused release: none
+    assert faults.applicable("0.5.19") == []    # its code is neither 0.5.15's nor 0.5.23's
     with pytest.raises(faults.PlantError, match="does not apply to sglang 0.5.21"):
         faults.validate(["close_keeps_row"], "0.5.21")
     faults.validate(["lock_not_handed_over"], "0.5.22")

@@ -9,14 +9,18 @@ each emulated step is a small method named after the upstream function it stands
 for. README.md in this directory states that fidelity boundary.
 
 Two upstream API shapes are supported:
-  * "flat"   (wrapper era; tested on 0.5.14-0.5.18): StreamingSession(RadixCache), KV
+  * "flat"   (wrapper era; tested on 0.5.14-0.5.19): StreamingSession(RadixCache) (0.5.19:
+             the UnifiedRadixCache its registry builds, with its embedded session), KV
              fields directly on Req / SessionSlot (0.5.16-0.5.18: the allocated length and
-             SWA cursor in a `kv` ReqKvInfo the slot copies, `_flat_record`).
+             SWA cursor in a `kv` ReqKvInfo the slot copies, `_flat_record`; 0.5.19:
+             every KV field in `req.kv`, one record per session that the slot and the turn
+             running on it share, `shared`: `_note_slot_copies`, `past_model`).
   * "borrow" (0.5.22+; tested on 0.5.22-0.5.23): StreamingSession owned by
              UnifiedRadixCache, ReqKvInfo records, TreeLock, checkpoint_kv_cache /
              release_kv_cache(checkpoint=).
-Anything else (e.g. 0.5.11-0.5.13, or 0.5.19-0.5.21, whose slot and turn share a ReqKvInfo
-in the wrapper design) is refused with the entry point that is missing or unexpected.
+Anything else (e.g. 0.5.11-0.5.13; 0.5.20-0.5.21, whose UnifiedRadixCache splits a
+finished request's path at the prompt boundary under wrapper-design sessions) is refused
+with the entry point that is missing or unexpected.
 
 KV content: upstream stores no token ids next to its KV indices (the KV tensors are
 never computed here). The adapter keeps a shadow record `kv index -> token id` of every
@@ -91,14 +95,7 @@ def detect_api() -> str:
                 raise UnsupportedRelease(f"borrow-era StreamingSession.take exists but "
                                          f"sglang.srt.mem_cache.common.{name} is missing")
         return "borrow"
-    slot_fields = getattr(ss.SessionSlot, "__dataclass_fields__", {})
     batch = __import__("sglang.srt.managers.schedule_batch", fromlist=["x"])
-    if "kv" in slot_fields and hasattr(batch.Req, "detach_kv"):
-        raise UnsupportedRelease(
-            "SessionSlot.kv shared with the turn (Req.detach_kv: a ReqKvInfo record lent "
-            "in the wrapper design, sglang 0.5.19-0.5.21) is not supported: only the flat "
-            "wrapper API (0.5.14-0.5.15, and 0.5.16-0.5.18 whose slot keeps a copy of the "
-            "turn's ReqKvInfo) and the borrow API (0.5.22+) are")
     for name in ("try_cache_finished_req", "try_match_prefix", "release_session"):
         if not hasattr(StreamingSession, name):
             raise UnsupportedRelease(f"wrapper-era StreamingSession.{name} is missing")
@@ -113,7 +110,43 @@ def detect_api() -> str:
     if not hasattr(common, "maybe_cache_unfinished_req"):
         raise UnsupportedRelease("sglang.srt.mem_cache.common.maybe_cache_unfinished_req "
                                  "is missing")
+    import inspect
+    if unified_plain():
+        urc = __import__("sglang.srt.mem_cache.unified_radix_cache", fromlist=["x"])
+        if "prompt_key" in inspect.getsource(urc.UnifiedRadixCache):
+            raise UnsupportedRelease(
+                "the UnifiedRadixCache this release builds for every model splits a finished "
+                "request's inserted path at the prompt boundary (a second insert of the "
+                "page-aligned prompt: 0.5.20 unified_radix_cache.py cache_finished_req, "
+                "prompt_key at l.1030; 0.5.21 insert_req, l.1062) while its sessions keep the wrapper design (no "
+                "StreamingSession.take); the spec splits there in the borrow era only "
+                "(spec/hybrid.py prompt_split_on), so its wrapper era would differ from this "
+                "release in the tree's shape and what eviction frees: sglang 0.5.20-0.5.21 "
+                "are not driven (docs/upstream-findings.md, \"Releases between\")")
     return "flat"
+
+
+def component_type():
+    """`ComponentType` (0.5.22+ `unified_cache.components.base`, 0.5.19
+    `unified_cache.component_type`)."""
+    try:
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    except ImportError:
+        from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    return ComponentType
+
+
+def unified_plain() -> bool:
+    """Whether the release's registry builds a UnifiedRadixCache for a plain model
+    (0.5.19+: `default_radix_cache_factory` ends in `_create_unified_radix_cache`), where
+    0.5.11-0.5.18 fall back to `RadixCache(params)` (0.5.18 registry.py l.167)."""
+    import inspect
+    try:
+        registry = importlib.import_module("sglang.srt.mem_cache.registry")
+    except ImportError:
+        return False
+    factory = getattr(registry, "default_radix_cache_factory", None)
+    return factory is not None and "RadixCache(params)" not in inspect.getsource(factory)
 
 
 def process_setup(page_size: int, spec_enabled: bool) -> dict:
@@ -138,8 +171,13 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # in `req.kv` (a ReqKvInfo; None once released), copied into and out of the slot
         ss = importlib.import_module("sglang.srt.session.streaming_session")
         record = api == "flat" and "kv" in getattr(ss.SessionSlot, "__dataclass_fields__", {})
+        # 0.5.19-0.5.21: every KV field of a request (row, lengths, Mamba refs) in its
+        # `req.kv`, never None; the slot takes the first turn's record (`Req.detach_kv`)
+        # and a later turn runs on the slot's (`restore_to_req`: `req.kv = self.kv`)
+        batch = importlib.import_module("sglang.srt.managers.schedule_batch")
+        shared = api == "flat" and hasattr(batch.Req, "detach_kv")
         _SETUP.update(version=version, api=api, stub_triton=stub_triton, planted=planted,
-                      record=record)
+                      record=record, shared=shared, unified=api == "flat" and unified_plain())
         if api == "flat":
             # Req.set_finish_with_abort asks the TP group for the rank only to decide
             # whether to log; a single-rank scheduler is rank 0.
@@ -278,6 +316,15 @@ class SglangBackend:
         self.cfg = cfg
         info = process_setup(cfg.page_size, cfg.spec_enabled)
         self.version, self.api, self.record = info["version"], info["api"], info["record"]
+        self.shared, self.unified = info["shared"], info["unified"]
+        # the tree is a RadixCache (0.5.14-0.5.18; read as TreeNode objects), else the
+        # UnifiedRadixCache TreeCore (0.5.19's plain tree, the borrow era: NodeIds)
+        self.radix = self.api == "flat" and not self.unified
+        # 0.5.19-0.5.21: what each slot's record held when a turn last took it (below)
+        self.slot_copy: dict = {}
+        self._restored: dict = {}
+        self._records: list = []
+        self._shared_with = None
         if expect_version and expect_version != self.version:
             raise UnsupportedRelease(f"sglang {self.version} is installed here, "
                                      f"{expect_version} was asked for")
@@ -332,6 +379,17 @@ class SglangBackend:
         elif self.api == "flat" and cfg.mamba_tree:     # 0.5.15 MambaRadixCache
             self.cache, self.tree = hybrid.mamba_radix_cache(cfg, self.pool, self.alloc)
             self.sess_obj = self.cache
+        elif self.api == "flat" and self.unified:
+            # 0.5.19: what its registry builds for any model (`default_radix_cache_factory`
+            # ends in `_create_unified_radix_cache`, FULL for a plain one), whose own
+            # embedded StreamingSession(inner=self) serves the sessions
+            # (`supports_streaming_session`: `create_tree_cache` wraps nothing more)
+            from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+            params = CacheInitParams(disable=False, req_to_token_pool=self.pool,
+                                     token_to_kv_pool_allocator=self.alloc, page_size=P,
+                                     tree_components=(component_type().FULL,))
+            self.cache = self.tree = UnifiedRadixCache(params)
+            self.sess_obj = self.cache.session
         elif self.api == "flat":
             from sglang.srt.mem_cache.radix_cache import RadixCache
             from sglang.srt.session.streaming_session import StreamingSession
@@ -373,11 +431,12 @@ class SglangBackend:
         return str(sid)
 
     def _row(self, req):
-        return req.req_pool_idx if self.api == "flat" else req.kv.req_pool_idx
+        return req.req_pool_idx if self.api == "flat" and not self.shared \
+            else req.kv.req_pool_idx
 
     def _lens(self, req):
         """(committed, allocated, protected) of a request."""
-        if self.api == "flat":
+        if self.api == "flat" and not self.shared:
             return req.kv_committed_len, self._allocated(req), req.cache_protected_len
         kv = req.kv
         return kv.kv_committed_len, kv.kv_allocated_len, kv.cache_protected_len
@@ -451,8 +510,11 @@ class SglangBackend:
         if isinstance(op, (O.AbortQueued, O.PreAbort, O.AbortRunning)) and op.rid not in self.live:
             return "refused"            # abort_request finds no request with this rid
         handler = getattr(self, "_op_" + op.name)
+        before = self._borrowers() if self.shared else None
         out = handler(op)
         self._maybe_reap()
+        if self.shared:
+            self._note_slot_copies(before=before)
         called = shim.calls()
         if called:
             raise StubCalled(f"calls into stand-in modules: {called}")
@@ -507,6 +569,8 @@ class SglangBackend:
         L = self.live[op.rid]
         req = L.req
         req.init_next_round_input(self.cache)                 # match_prefix
+        if self.shared:
+            self._note_slot_copies(restored=req)
         prefix = self._prefix_len(req)
         if not op.admit:
             return self._rejected(req)
@@ -785,7 +849,7 @@ class SglangBackend:
             req.session.abort_req()
 
     def _set_lens(self, req, committed=None, allocated=None) -> None:
-        target = req if self.api == "flat" else req.kv
+        target = req if self.api == "flat" and not self.shared else req.kv
         if committed is not None:
             target.kv_committed_len = committed
         if allocated is not None:
@@ -875,14 +939,113 @@ class SglangBackend:
             return self.sess_obj.slots
         return self.sess_obj.slots
 
-    def _slot_kv(self, slot):
+    def _slot_kv(self, slot, sid=None):
         """(row, committed, allocated, protected, last_node) of a session slot."""
+        if self.api == "flat" and self.shared:
+            kv = slot.kv
+            row = kv.req_pool_idx if kv.holds_kv else None
+            lens = self.slot_copy.get(sid) or \
+                (kv.kv_committed_len, kv.kv_allocated_len, kv.cache_protected_len)
+            return (row, *lens, slot.last_node)
         if self.api == "flat":
             return (slot.req_pool_idx, slot.kv_committed_len, self._allocated(slot),
                     slot.cache_protected_len, slot.last_node)
         kv = slot.kv
         return (kv.req_pool_idx if kv.holds_kv else None, kv.kv_committed_len,
                 kv.kv_allocated_len, kv.cache_protected_len, self._slot_anchor_node(slot))
+
+    def _borrowers(self) -> dict:
+        """0.5.19-0.5.21: sid -> the rids of the live requests that run on that slot's record."""
+        out = {}
+        for sid, slot in self._slots().items():
+            out[sid] = {rid for rid, L in self.live.items() if L.req.kv is slot.kv}
+        return out
+
+    def _note_slot_copies(self, restored=None, before=None) -> None:
+        """0.5.19-0.5.21 keep one `ReqKvInfo` per session: the slot takes the first turn's
+        record at its finish (`save_from_req`: `req.detach_kv()`) and a later turn runs on
+        it from its match (`restore_to_req`: `req.kv = self.kv`) until its finish, retract
+        or abort detaches it back. 0.5.14-0.5.18 (and the wrapper-era spec) keep the slot's
+        lengths in the slot and copy them out to the turn at the match (`restore_to_req`,
+        then `_free_tail` trims both) and back at its finish or retract (`save_from_req`),
+        so while a turn runs the slot shows what it held at the turn's match. This keeps
+        that view: `restored` (a request just matched) records its record's lengths for
+        the slot it borrows; at the end of an operation (`before`: the borrowers when it
+        began) a slot one of whose borrowers handed the record back, or that nobody
+        borrows, shows its record as it is. The turn's own lengths, upstream's live record,
+        are compared through the request's view; pages, rows and locks are upstream's."""
+        now = self._borrowers()
+        for sid, slot in self._slots().items():
+            kv = slot.kv
+            lens = (kv.kv_committed_len, kv.kv_allocated_len, kv.cache_protected_len)
+            if restored is not None:
+                if restored.kv is kv:
+                    self.slot_copy[sid] = lens
+                    others = sorted(rid for rid, L in self.live.items()
+                                    if L.req is not restored and L.req.kv is kv)
+                    if others and self._shared_with is None:    # see past_model
+                        self._shared_with = (f"R1: request {int(restored.rid)} matched session "
+                                             f"{sid}'s record while requests {others} hold it "
+                                             "(0.5.19 shares it; the wrapper-era spec "
+                                             "copies it)")
+                continue
+            was = (before or {}).get(sid, set()) | self._restored.get(sid, set())
+            if not now[sid] or was - now[sid]:
+                self.slot_copy[sid] = lens
+        for sid in [sid for sid in self.slot_copy if sid not in now]:
+            del self.slot_copy[sid]
+        for slot in self._slots().values():     # every record a slot held (past_model)
+            if not any(slot.kv is r for r in self._records):
+                self._records.append(slot.kv)
+        live = [L.req.kv for L in self.live.values()]
+        self._records = [r for r in self._records
+                         if any(r is s.kv for s in self._slots().values())
+                         or any(r is k for k in live)]
+        if restored is None:
+            self._restored = {}
+        else:                                   # `was` at the end of this operation
+            for sid, slot in self._slots().items():
+                if restored.kv is slot.kv:
+                    self._restored.setdefault(sid, set()).add(int(restored.rid))
+
+    def past_model(self):
+        """Why the release's state is past what the spec follows of it (None: it is not).
+        0.5.19-0.5.21 keep one `ReqKvInfo` per session, which the slot and the turn that
+        runs on it share (`restore_to_req`: `req.kv = self.kv`); 0.5.14-0.5.18, whose
+        bookkeeping the wrapper-era spec follows, copy it into and out of the turn. With
+        one turn on it at a time the two designs free, keep and lock the same pages and
+        rows (the slot's lengths are shown as the copy would hold them,
+        `_note_slot_copies`). They part where a record is held by two live requests, by a
+        request no longer attached to its slot's session, or by a request after its slot
+        was released (0.5.19's `release_session` frees the record's live range and takes
+        its row, `req_to_token_pool.free(slot)`, under the request still running on it):
+        each needs two live turns in one session, which only accepted U1 or U2 make
+        (docs/upstream-findings.md, "Releases between", R1). There a turn's decode, restore
+        or release acts on the other's lengths (0.5.23's shared record, which the spec
+        models in the borrow era only), so nothing is compared from there on; the
+        checker counts it as beyond the accepted findings' model (`Lockstep.beyond`)."""
+        if not self.shared:
+            return None
+        if self._shared_with is not None:
+            return self._shared_with
+        slots = self._slots()
+        for sid, slot in slots.items():
+            holders = [rid for rid, L in self.live.items() if L.req.kv is slot.kv]
+            if len(holders) > 1:
+                return (f"R1: session {sid}'s record is held by requests {sorted(holders)} "
+                        "(0.5.19 shares it; the wrapper-era spec copies it)")
+            for rid in holders:
+                s = self.live[rid].req.session
+                if s is None or str(s.session_id) != str(sid):
+                    return (f"R1: request {rid} holds session {sid}'s record, detached from "
+                            "that session")
+        current = [slot.kv for slot in slots.values()]
+        for rid, L in self.live.items():
+            kv = L.req.kv
+            if any(kv is r for r in self._records) and not any(kv is r for r in current):
+                return (f"R1: request {rid} runs on the record of a session slot released "
+                        "under it")
+        return None
 
     def _slot_anchor_node(self, slot):
         lock = getattr(slot, "lock", None)
@@ -906,24 +1069,22 @@ class SglangBackend:
     # the KV indices and lock counts live in the node's per-component data, FULL here).
 
     def _root(self):
-        return self.tree.root_node if self.api == "flat" else self.cache.tree_core.root_node
+        return self.tree.root_node if self.radix else self.cache.tree_core.root_node
 
     def _nid(self, node):
         """What requests and locks use to name a tree node."""
-        return id(node) if self.api == "flat" else node.id
+        return id(node) if self.radix else node.id
 
     def _node_value(self, node):
-        if self.api == "flat":
+        if self.radix:
             return node.value
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-        return node.component(ComponentType.FULL).value
+        return node.component(component_type().FULL).value
 
     def _node_lock_ref(self, node) -> int:
-        if self.api == "flat":
+        if self.radix:
             return swa_tree.lock_ref(node) if self.cfg.swa_window or self.cfg.mamba_tree \
                 else int(node.lock_ref)
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-        return int(node.component(ComponentType.FULL).lock_ref)
+        return int(node.component(component_type().FULL).lock_ref)
 
     def _node_views(self) -> tuple[list, dict]:
         P = self.P
@@ -959,11 +1120,10 @@ class SglangBackend:
         caching, session-referenced nodes last)."""
         if self.api == "flat" and (self.cfg.swa_window or self.cfg.mamba_tree):
             return swa_tree.eviction_order(self.tree)
-        if self.api == "flat":
+        if self.radix:
             return list(self.tree.evictable_leaves), self.tree.eviction_strategy.get_priority
-        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
         core = self.cache.tree_core
-        [full] = [c for c in core.components if c.component_type == ComponentType.FULL]
+        [full] = [c for c in core.components if c.component_type == component_type().FULL]
         full._ensure_eviction_strategy()
         return list(core.evictable_device_leaves), full.session_ref_eviction_strategy
 
@@ -976,7 +1136,7 @@ class SglangBackend:
     def _anchor(self, node, paths: dict, sid_hint):
         if node is None:
             return None
-        if self.api == "flat":
+        if self.radix:
             if node is self.tree.root_node:
                 return ("root",)
             if id(node) in paths:
@@ -1055,7 +1215,7 @@ class SglangBackend:
                 **self._swa_fields(req)))
         slots = []
         for sid, slot in sorted(self._slots().items(), key=lambda kv: int(kv[0])):
-            row, committed, allocated, protected, last_node = self._slot_kv(slot)
+            row, committed, allocated, protected, last_node = self._slot_kv(slot, sid)
             slots.append(SlotView(sid=int(sid), row=self._arow(row), committed=committed,
                                   allocated=allocated, protected=protected,
                                   last_node=self._anchor(last_node, paths, int(sid)),
@@ -1227,7 +1387,7 @@ class SglangBackend:
             committed, allocated, _ = self._lens(L.req)
             owners.append((f"req {rid}", self._row(L.req), allocated))
         for sid, slot in self._slots().items():
-            row, _, allocated, _, _ = self._slot_kv(slot)
+            row, _, allocated, _, _ = self._slot_kv(slot, sid)
             owners.append((f"slot of session {sid}", row, allocated))
         held_rows = set()
         for who, row, allocated in owners:

@@ -21,9 +21,10 @@ RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
             "0.5.16": ("U1", "U2", "U3", "M2"),
             "0.5.17": ("U1", "U2", "U3", "M2"),
             "0.5.18": ("U1", "U2", "U3", "M2"),
+            "0.5.19": ("U1", "U2", "U3", "M2"),
             "0.5.22": ("U1", "U2", "U6", "M2"),
             "0.5.23": ("U1", "U2", "U6", "M2")}
-"""release -> findings present in it (0.5.14 and 0.5.16-0.5.18 as 0.5.15, 0.5.22 as 0.5.23: their
+"""release -> findings present in it (0.5.14 and 0.5.16-0.5.19 as 0.5.15, 0.5.22 as 0.5.23: their
 copies of those releases' traces, in stateful_tests/upstream/, all as expected there; U3 is
 fixed in 0.5.22; U6 is new there, brought by that fix; U4 is withdrawn: it is the
 wrong-token consequence of U1/U2; M2: hybrid SSM models only)."""

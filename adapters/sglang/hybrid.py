@@ -390,13 +390,16 @@ def release_queued_mamba(req, cache) -> None:
     without a row has its state freed (`req_pool_idx is None`); a turn restored from its
     slot holds the slot's row and reaches the wrapper's `try_cache_finished_req` ->
     `finish_req` (M2 on this release too)."""
+    import inspect
     from sglang.srt.mem_cache.common import release_kv_cache
     kv = kv_record(req)
     if kv is req:                               # 0.5.15
         if req.mamba_pool_idx is not None:
             release_kv_cache(req, cache, is_insert=False)
-    elif kv.holds_mamba:
+    elif kv.holds_mamba and "checkpoint" in inspect.signature(release_kv_cache).parameters:
         release_kv_cache(req, cache, checkpoint=False)
+    elif kv.holds_mamba:                        # 0.5.19-0.5.21 (scheduler.py: 0.5.19
+        release_kv_cache(req, cache, is_insert=False)   # l.5010-5015, 0.5.21 l.5484-5489)
 
 
 def holds_mamba(kv) -> bool:

@@ -203,6 +203,7 @@ class SglangProxy:
     def _take(self, reply: dict) -> None:
         self._state = self._state_from_json(reply["state"])
         self._viol = [self._viol_from_json(v) for v in reply["violations"]]
+        self._past = reply.get("past_model")
 
     def apply(self, op: Op) -> str:
         reply = self._server.call({"cmd": "apply", "op": op.to_json(), "handle": self._handle})
@@ -216,6 +217,10 @@ class SglangProxy:
 
     def concrete_violations(self) -> list[Violation]:
         return list(self._viol)
+
+    def past_model(self):
+        """The served release's `SglangBackend.past_model` after the last step."""
+        return self._past
 
     def close(self) -> None:
         pass

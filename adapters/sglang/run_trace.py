@@ -40,7 +40,8 @@ import traceback
 def _snapshot(backend) -> dict:
     from adapters.sglang.wire import state_to_json, violation_to_json
     return {"state": state_to_json(backend.abstract()),
-            "violations": [violation_to_json(v) for v in backend.concrete_violations()]}
+            "violations": [violation_to_json(v) for v in backend.concrete_violations()],
+            "past_model": backend.past_model()}
 
 
 def replay(trace: dict, version: str | None = None) -> tuple[dict, int]:
