@@ -119,7 +119,11 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
     if beyond is not None:
         beyond.update(sequences=sum(rep.beyond.values()), steps_not_compared=rep.not_compared,
                       reasons=dict(sorted(rep.beyond.items())))
-    stopped = ("; " + beyond_line(rep.beyond, rep.not_compared)) if rep.beyond else ""
+        if rep.beyond_checked:
+            beyond.update(release_checked=rep.beyond_checked,
+                          release_differs=dict(sorted(rep.beyond_differs.items())))
+    stopped = ("; " + beyond_line(rep.beyond, rep.not_compared, rep.beyond_checked,
+                                  rep.beyond_differs)) if rep.beyond else ""
     if rep.found:
         f = rep.found[0]
         return False, (f"{f.id} on {f.side}: {f.summary}\n   trace: {f.path}\n"

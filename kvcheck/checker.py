@@ -94,10 +94,22 @@ class Beyond:
     op: Op
     reason: str
     details: list = field(default_factory=list)
+    release: Optional[str] = None
+    """Where a system under test ran beside the spec: what it did at that step, run alone
+    (`Lockstep._release_at_stop`): "the same" (it breaks the invariant the spec stopped
+    at, or raises the assertion the spec reached), or what it showed instead. Not
+    compared; a stop where it differs is where to look next (a spec mistake past the
+    model, as S9 was, or a consequence of the release's own)."""
+
+    @property
+    def release_differs(self) -> bool:
+        return self.release is not None and self.release != "the same"
 
     def render(self) -> str:
         return (f"beyond the accepted findings' model at step {self.step}: {self.op}: "
-                f"{self.reason}" + "".join(f"\n  | {d}" for d in self.details[:12]))
+                f"{self.reason}" + "".join(f"\n  | {d}" for d in self.details[:12])
+                + (f"\n  the system under test at that step, alone: {self.release}"
+                   if self.release is not None else ""))
 
 
 @dataclass
@@ -166,7 +178,7 @@ class Lockstep:
             s, out = step(self.state, op)
         except ModelError as e:
             if self._took_upstream(op, error=e):    # an accepted finding led it there
-                self.beyond = Beyond(i, op, "ModelError", [str(e)])
+                self.beyond = self._release_at_stop(Beyond(i, op, "ModelError", [str(e)]))
                 return rec, None
             return rec, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)])
         except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
@@ -181,7 +193,7 @@ class Lockstep:
             if vs and not taken:    # the fixed spec breaks them too: a defect of the spec
                 return rec, _failure(i, op, "spec", vs)
             if not within_accepted(cfg.accept, vs):
-                self.beyond = beyond_invariants(i, op, cfg.accept, vs)
+                self.beyond = self._release_at_stop(beyond_invariants(i, op, cfg.accept, vs))
                 return rec, None    # consequences the model does not follow: stop comparing
             known = accepted(vs)
         if self.backend is not None:
@@ -194,6 +206,30 @@ class Lockstep:
                 return rec, fail
         self.state, self.prev, self.steps = s, b_spec, i + 1
         return rec, None
+
+    def _release_at_stop(self, b: Beyond) -> Beyond:
+        """The system under test, alone, on the step where the spec stopped comparing: does
+        it break the invariant the spec stopped at (or raise the assertion it reached)?
+        Recorded on the stop (`Beyond.release`), counted by the engines; never a failure."""
+        if self.backend is None:
+            return b
+        prev = getattr(self.backend, "_kvcheck_prev", None)
+        try:
+            out = self.backend.apply(b.op)
+            after = self.backend.abstract()
+            vs = list(self.backend.concrete_violations()) + check_state(after, self.cfg)
+            if prev is not None:
+                vs += check_step(prev, b.op, out, after, self.cfg)
+        except Exception as e:  # noqa: BLE001  (upstream raised, e.g. its own assertion)
+            said = f"{type(e).__name__}: {e}"
+            upstream = b.details[0].split(":", 1)[0] if b.details else "?"
+            b.release = "the same" if b.reason == "ModelError" and upstream in said \
+                else f"raised {said[:300]}"
+            return b
+        ids = sorted({v.id for v in vs})
+        b.release = "the same" if b.reason in ids else \
+            f"{', '.join(ids) or 'no violation'} (outcome {out!r})"
+        return b
 
     def _took_upstream(self, op: Op, s=None, out=None, error=None) -> bool:
         """Whether an accepted finding's branch has been taken, at this step or before:

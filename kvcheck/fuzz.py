@@ -98,6 +98,10 @@ class FuzzReport:
     """Sequences that stopped comparing beyond the accepted findings' model, by reason
     (`checker.Beyond`); `not_compared`: their steps left uncompared."""
     not_compared: int = 0
+    beyond_checked: int = 0
+    beyond_differs: dict = field(default_factory=dict)
+    """Stops where the system under test ran alone on the stop's step, and by reason those
+    where it did not show what the spec stopped at (`Stats.beyond_differs`)."""
 
     def render(self) -> str:
         rate = self.steps / self.seconds if self.seconds else 0.0
@@ -117,7 +121,8 @@ class FuzzReport:
         if missing:
             lines.append(f"  NOT REACHED: {', '.join(missing)}")
         if self.beyond:
-            lines.append("  " + beyond_line(self.beyond, self.not_compared))
+            lines.append("  " + beyond_line(self.beyond, self.not_compared,
+                                            self.beyond_checked, self.beyond_differs))
         if not self.found:
             lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
         for f in self.found:
@@ -277,6 +282,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.coverage, report.outcomes = dict(stats.coverage), dict(stats.outcomes)
     report.paths = dict(stats.paths)
     report.beyond, report.not_compared = dict(stats.beyond), stats.not_compared
+    report.beyond_checked, report.beyond_differs = stats.beyond_checked, dict(stats.beyond_differs)
     return report
 
 

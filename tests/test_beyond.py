@@ -216,3 +216,27 @@ def test_u1_crashes_the_scheduler_at_the_assertion_the_spec_stops_at(version, st
     assert len(states) == step, lines               # the steps before ran, that one raised
     assert f"step {step:>3} schedule(rid=7, admit=True): raised" in lines[-1], lines
     assert "AssertionError: streaming session prefix shrank: prefix_len=3" in lines[-1], lines
+
+
+def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_alone):
+    from kvcheck.engines.gen import beyond_line
+    same = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1), backend_name="upstream")
+    assert same.ok and same.beyond.step == 4 and same.beyond.release == "the same"
+    assert not same.beyond.release_differs
+    idle = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, idle_from=4), backend_name="upstream")
+    b = idle.beyond
+    assert idle.ok and b.reason == "I22" and b.release_differs, b
+    assert b.release == "I20 (outcome 'ok')", b.release        # what it showed instead
+    assert "the system under test at that step, alone: I20" in b.render()
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / "u1-prefix-shrank-crash-sglang-0.5.23.json")
+    crash = run_ops(t.config, t.ops, spec_alone(t.config), backend_name="upstream")
+    assert crash.beyond.reason == "ModelError" and crash.beyond.release == "the same"
+    assert run_ops(U1, U1_THEN_CLOSE, None, backend_name="spec").beyond.release is None
+    stats = Stats()
+    stats.record_beyond("I22", 3, "the same"), stats.record_beyond("I17", 2, "I22 (outcome 'ok')")
+    stats.record_beyond("I4", 1)
+    assert (stats.beyond_checked, dict(stats.beyond_differs)) == (2, {"I17": 1})
+    assert beyond_line(stats.beyond, stats.not_compared, stats.beyond_checked,
+                       stats.beyond_differs).endswith(
+        "; the system under test, alone at the stop, showed the same in 1, not in 1 (I17 x1)")

@@ -16,8 +16,6 @@ import pytest
 from kvcheck.checker import run_ops
 from spec import ops as O
 from spec.config import Config
-from spec.model import initial_state, step
-from spec.view import abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPT = ("U1", "U2", "U3", "M2")
@@ -34,30 +32,8 @@ same record. On 0.5.14-0.5.18 turn 2 keeps its copy (4 tokens); on 0.5.19 it see
 6 (D1 on request 2 before the stop)."""
 
 
-class _Past:
-    """The spec itself as a system under test, saying from step `at` on that its state is
-    past the model."""
-
-    def __init__(self, cfg, at):
-        self.state, self.at, self.n = initial_state(cfg), at, 0
-
-    def apply(self, op):
-        self.n += 1
-        self.state, out = step(self.state, op)
-        return out
-
-    def abstract(self):
-        return abstract(self.state)
-
-    def concrete_violations(self):
-        return []
-
-    def past_model(self):
-        return "R1: test" if self.n > self.at else None
-
-
-def test_a_backend_past_the_model_stops_the_comparison_under_accept():
-    res = run_ops(CFG, QUEUED_BORROWER, _Past(CFG, at=6), backend_name="past")
+def test_a_backend_past_the_model_stops_the_comparison_under_accept(spec_alone):
+    res = run_ops(CFG, QUEUED_BORROWER, spec_alone(CFG, past_at=6), backend_name="past")
     assert res.ok and res.beyond is not None
     assert (res.beyond.step, res.beyond.reason) == (6, "R1")
     assert "past: R1: test" in res.beyond.details[0]
@@ -65,7 +41,7 @@ def test_a_backend_past_the_model_stops_the_comparison_under_accept():
     plain = Config(page_size=1, num_pages=6, num_rows=2, max_context_len=16, overlap=True,
                    evict_shortfall=True)
     ops = QUEUED_BORROWER[:3]
-    res = run_ops(plain, ops, _Past(plain, at=0), backend_name="past")
+    res = run_ops(plain, ops, spec_alone(plain, past_at=0), backend_name="past")
     assert res.ok and res.beyond is None
 
 

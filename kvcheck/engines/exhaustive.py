@@ -37,6 +37,8 @@ class TransitionReport:
     unreached: int = 0                 # states only such a trigger leads to (not visited)
     beyond: int = 0                    # under accept: transitions past the model (not gone on)
     beyond_states: int = 0             # states only they lead to (not visited)
+    beyond_checked: int = 0            # of those, stops where the backend ran alone on the step
+    beyond_same: int = 0               # ... and showed what the spec stopped at
 
     @property
     def rate(self) -> float:
@@ -53,7 +55,10 @@ class TransitionReport:
                      f"and the {self.unreached:,} states only they lead to)")
         if self.beyond:
             head += (f" ({self.beyond:,} went past the accepted findings' model and stopped "
-                     f"there, with the {self.beyond_states:,} states only they lead to)")
+                     f"there, with the {self.beyond_states:,} states only they lead to"
+                     + (f"; the system under test alone at those steps showed the same in "
+                        f"{self.beyond_same:,} of {self.beyond_checked:,}"
+                        if self.beyond_checked else "") + ")")
         if self.failure is None:
             return head + ", every step agreed"
         return head + "; FAILED:\n" + self.failure.render()
@@ -157,6 +162,8 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 return rep
             if nxt.beyond is not None:
                 rep.beyond += 1
+                rep.beyond_checked += nxt.beyond.release is not None
+                rep.beyond_same += nxt.beyond.release == "the same"
                 if op in tree:
                     rep.beyond_states += subtree_size(children, tree[op])
             elif op in tree:

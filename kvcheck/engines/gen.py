@@ -420,6 +420,11 @@ class Stats:
     """Sequences that went beyond the accepted findings' model (`checker.Beyond`), by
     reason; `not_compared`: their steps from there on."""
     not_compared: int = 0
+    beyond_checked: int = 0
+    """Of those, the stops where a system under test ran beside the spec (run alone on the
+    stop's step, `checker.Beyond.release`); `beyond_differs`: by reason, the stops where it
+    did not show what the spec stopped at."""
+    beyond_differs: Counter = field(default_factory=Counter)
 
     def record(self, op: O.Op, outcome: str, paths: Sequence[str] = ()) -> None:
         self.coverage[op.name] += 1
@@ -427,9 +432,13 @@ class Stats:
         self.paths.update(paths)
         self.steps += 1
 
-    def record_beyond(self, reason: str, not_compared: int) -> None:
+    def record_beyond(self, reason: str, not_compared: int, release: Optional[str] = None) -> None:
         self.beyond[reason] += 1
         self.not_compared += not_compared
+        if release is not None:
+            self.beyond_checked += 1
+            if release != "the same":
+                self.beyond_differs[reason] += 1
 
     def merge(self, other: "Stats") -> None:
         self.coverage.update(other.coverage)
@@ -439,20 +448,33 @@ class Stats:
         self.sequences += other.sequences
         self.beyond.update(other.beyond)
         self.not_compared += other.not_compared
+        self.beyond_checked += other.beyond_checked
+        self.beyond_differs.update(other.beyond_differs)
 
     def clear(self) -> None:
         self.coverage.clear(), self.outcomes.clear(), self.paths.clear(), self.beyond.clear()
-        self.steps = self.sequences = self.not_compared = 0
+        self.beyond_differs.clear()
+        self.steps = self.sequences = self.not_compared = self.beyond_checked = 0
 
 
-def beyond_line(beyond: dict, not_compared: int) -> str:
-    """`check` and `fuzz`'s line on the sequences that stopped comparing ("" if none)."""
+def _tally(counts: dict) -> str:
+    return ", ".join(f"{r} x{k}" for r, k in sorted(counts.items(), key=lambda x: (-x[1], x[0])))
+
+
+def beyond_line(beyond: dict, not_compared: int, checked: int = 0,
+                differs: Optional[dict] = None) -> str:
+    """`check` and `fuzz`'s line on the sequences that stopped comparing ("" if none); with
+    a system under test, how many of its stops it showed as the spec did."""
     n = sum(beyond.values())
     if not n:
         return ""
-    tally = ", ".join(f"{r} x{k}" for r, k in sorted(beyond.items(), key=lambda x: (-x[1], x[0])))
-    return (f"beyond the accepted findings' model: {n} sequences ({tally}), "
+    line = (f"beyond the accepted findings' model: {n} sequences ({_tally(beyond)}), "
             f"{not_compared} steps not compared")
+    if checked:
+        d = sum((differs or {}).values())
+        line += (f"; the system under test, alone at the stop, showed the same in {checked - d}"
+                 + (f", not in {d} ({_tally(differs)})" if d else ""))
+    return line
 
 
 def _retry(state, op) -> bool:

@@ -160,7 +160,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
                 seq.failure = fail
                 return seq
             if lock.beyond is not None:     # nothing more is compared: the walk ends here
-                stats.record_beyond(lock.beyond.reason, length - n)
+                stats.record_beyond(lock.beyond.reason, length - n, lock.beyond.release)
                 return seq
             stats.record(op, rec.outcome, paths)
             if observe is not None:
