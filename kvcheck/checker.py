@@ -96,8 +96,9 @@ class Beyond:
     details: list = field(default_factory=list)
     release: Optional[str] = None
     """Where a system under test ran beside the spec: what it did at that step, run alone
-    (`Lockstep._release_at_stop`): "the same" (it breaks the invariant the spec stopped
-    at, or raises the assertion the spec reached), or what it showed instead. Not
+    (`Lockstep._release_at_stop`): "the same" (it breaks every invariant the spec broke
+    there outside the accepted model, or raises the assertion the spec reached), or what it
+    showed and which of the spec's it did not. Not
     compared; a stop where it differs is where to look next (a spec mistake past the
     model, as S9 was, or a consequence of the release's own)."""
 
@@ -209,7 +210,8 @@ class Lockstep:
 
     def _release_at_stop(self, b: Beyond) -> Beyond:
         """The system under test, alone, on the step where the spec stopped comparing: does
-        it break the invariant the spec stopped at (or raise the assertion it reached)?
+        it break every invariant the spec broke outside the accepted findings' model there
+        (or raise the assertion the spec reached)?
         Recorded on the stop (`Beyond.release`), counted by the engines; never a failure."""
         if self.backend is None:
             return b
@@ -226,9 +228,10 @@ class Lockstep:
             b.release = "the same" if b.reason == "ModelError" and upstream in said \
                 else f"raised {said[:300]}"
             return b
-        ids = sorted({v.id for v in vs})
-        b.release = "the same" if b.reason in ids else \
-            f"{', '.join(ids) or 'no violation'} (outcome {out!r})"
+        ids = {v.id for v in vs}
+        missing = sorted({d.split(" ", 1)[0] for d in b.details} - ids)
+        b.release = "the same" if not missing else \
+            f"{', '.join(sorted(ids)) or 'no violation'} (outcome {out!r}); not {', '.join(missing)}"
         return b
 
     def _took_upstream(self, op: Op, s=None, out=None, error=None) -> bool:
