@@ -11,7 +11,8 @@ again, so an interrupted run resumes and a sample can grow in chunks (`--sample 
 then `--sample 250` with the same seed: the first 100 are reused); `--fresh` runs
 them again. The score leaves out the mutants
 docs/coverage.md lists as equivalent (section "Equivalent mutants", one backticked
-mutmut name per line with the reason), and prints every survivor.
+mutmut name per line with the reason), which are not run at all (each would survive the
+whole test command, the slowest verdict there is), and prints every survivor.
 
 Exit codes: 0 the score reaches --min-score, 1 it does not, 2 usage error.
 """
@@ -80,7 +81,9 @@ class Score:
         for k in self.survivors:
             lines.append(f"  SURVIVED ({self.judged[k]}) {k}   (mutmut show {k})")
         for k in eq:
-            lines.append(f"  equivalent {k} ({self.results[k]})")
+            verdict = self.results[k]
+            lines.append(f"  equivalent {k} "
+                         f"({'not run' if verdict in PENDING else verdict})")
         return "\n".join(lines)
 
 
@@ -177,13 +180,16 @@ def run(n_sample=None, seed: int = 0, examples: int = 60, fresh: bool = False) -
     RUN_RECORD.write_text(json.dumps(_record(examples)))
     results = mutant_results()
     names = sorted(results) if n_sample is None else sample(results, n_sample, seed)
-    todo = to_run(names, results, reuse)
-    print(f"{len(names)} mutant(s): {len(names) - len(todo)} judged before (reused), "
-          f"{len(todo)} to run", flush=True)
+    eq = equivalent_mutants()
+    todo = [k for k in to_run(names, results, reuse) if k not in eq]
+    n_eq = sum(k in eq for k in names)
+    print(f"{len(names)} mutant(s): {n_eq} judged equivalent (docs/coverage.md, not run), "
+          f"{len(names) - n_eq - len(todo)} judged before (reused), {len(todo)} to run",
+          flush=True)
     if todo:        # mutmut records each verdict as it comes: an interrupted run resumes
         _mutmut(*todo, env=env)
     res = mutant_results()
-    return Score({k: res[k] for k in names}, equivalent_mutants())
+    return Score({k: res[k] for k in names}, eq)
 
 
 def main(argv=None) -> int:

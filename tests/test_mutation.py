@@ -106,3 +106,20 @@ def test_report_scores_the_recorded_verdicts_without_running(monkeypatch, capsys
     monkeypatch.setattr(M, "MUTANTS", M.ROOT)                  # a folder that exists
     assert M.main(["--report", "--min-score", "100"]) == 0
     assert "1/1 non-equivalent mutants killed" in capsys.readouterr().out
+
+
+def test_run_does_not_run_the_mutants_judged_equivalent(monkeypatch, tmp_path, capsys):
+    """A mutant docs/coverage.md judges equivalent would survive the whole test command
+    (the slowest verdict): it is not run, and the score leaves it out as before."""
+    import kvcheck.mutation as M
+    calls, verdicts = [], {"a": "not checked", "b": "not checked", "c": "not checked"}
+    monkeypatch.setattr(M, "RUN_RECORD", tmp_path / "kvcheck-run.json")
+    monkeypatch.setattr(M, "_mutmut", lambda *names, env=None: calls.append(names))
+    monkeypatch.setattr(M, "mutant_results", lambda: dict(verdicts))
+    monkeypatch.setattr(M, "equivalent_mutants", lambda: {"b"})
+    s = M.run(None, examples=60)
+    assert calls == [(M.NO_MATCH,), ("a", "c")]
+    assert "3 mutant(s): 1 judged equivalent (docs/coverage.md, not run), 0 judged before " \
+           "(reused), 2 to run" in capsys.readouterr().out
+    assert s.equivalent == {"b"} and "b" not in s.judged
+    assert "  equivalent b (not run)" in s.render()
