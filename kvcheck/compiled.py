@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,8 +55,13 @@ def source_hashes(root: Path = ROOT) -> dict:
     return {rel: hashlib.sha256((root / rel).read_bytes()).hexdigest() for rel in sources(root)}
 
 
+JOBS = max(1, min(len(os.sched_getaffinity(0)), 4))
+"""Modules translated and compiled at once (one per usable core, at most 4)."""
+
+
 def build(out=print) -> Path:
-    """Compile MODULES into BUILD (a setuptools build_ext in a subprocess)."""
+    """Compile MODULES into BUILD (a setuptools build_ext in a subprocess, one module per
+    usable core at once)."""
     try:
         import Cython  # noqa: F401
     except ImportError:
@@ -67,9 +73,9 @@ from setuptools import Extension, setup
 from Cython.Build import cythonize
 exts = [Extension(name, [src]) for name, src in {[(_name(m), m) for m in MODULES]!r}]
 setup(name="kvcheck-compiled", script_args=["build_ext", "--build-lib", {str(BUILD)!r},
-      "--build-temp", {str(BUILD / "tmp")!r}],
+      "--build-temp", {str(BUILD / "tmp")!r}, "--parallel", {str(JOBS)!r}],
       ext_modules=cythonize(exts, compiler_directives={DIRECTIVES!r},
-                            build_dir={str(BUILD / "c")!r}, quiet=True))
+                            build_dir={str(BUILD / "c")!r}, quiet=True, nthreads={JOBS}))
 """
     hashes = source_hashes()
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
