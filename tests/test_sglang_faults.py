@@ -25,33 +25,37 @@ def need(version):
 _SMALL: dict = {}
 
 
-def small(version: str, depth: int):
-    """The release preset's first scope (P=2, one session, one plain request, overlap),
-    cut to `depth` steps (a few dozen states), with the release's recorded findings
-    accepted as `make check-sglang` runs it, explored once, and the clean release's walk
-    of it."""
-    if (version, depth) not in _SMALL:
+def small(version: str, depth: int, scope: str = "sglang-tiny"):
+    """A scope of the release's preset (by default its first: P=2, one session, one plain
+    request, overlap), cut to `depth` steps (a few dozen states), with the release's
+    recorded findings accepted as `make check-sglang` runs it, explored once, and the
+    clean release's walk of it."""
+    if (version, depth, scope) not in _SMALL:
         import os
         from adapters.sglang.findings import RELEASES
-        sc = preset_scope(f"check-sglang-{version}", "sglang-tiny")
+        sc = preset_scope(f"check-sglang-{version}", scope)
         sc = replace(sc, max_depth=depth, cfg=replace(sc.cfg, accept=RELEASES[version]))
         res = explore(sc, check=False)       # under --accept the lockstep judges
         assert not os.environ.get(F.ENV)
-        _SMALL[version, depth] = res, check_transitions(res, f"sglang:{version}")
-    return _SMALL[version, depth]
+        _SMALL[version, depth, scope] = res, check_transitions(res, f"sglang:{version}")
+    return _SMALL[version, depth, scope]
 
 
-# (release, fault, invariant it fails, step): one per release, as the bench finds them
-CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3),
-          ("0.5.23", "lock_not_handed_over", "D1", 2)]
+# (release, fault, invariant it fails, step, scope), as the bench finds them: one per
+# release on the first scope, and the Mamba state a session slot holds (PR #23496) on
+# each release's Mamba scope
+CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
+          ("0.5.23", "lock_not_handed_over", "D1", 2, "sglang-tiny"),
+          ("0.5.15", "ephemeral_slot_no_mamba", "L1", 3, "sglang-mamba-tree"),
+          ("0.5.23", "close_keeps_mamba", "I44", 4, "sglang-mamba-tree")]
 
 
-@pytest.mark.parametrize("version,fault,inv,step",
+@pytest.mark.parametrize("version,fault,inv,step,scope",
                          [pytest.param(*c, marks=need(c[0]), id=f"{c[0]}-{c[1]}") for c in CAUGHT])
 def test_a_planted_fault_is_caught_and_the_clean_release_passes(monkeypatch, version, fault, inv,
-                                                                 step):
+                                                                 step, scope):
     monkeypatch.delenv(F.ENV, raising=False)
-    res, clean = small(version, step + 1)    # the shortest scope that has the failing step
+    res, clean = small(version, step + 1, scope)    # the shortest scope with the failing step
     assert clean.failure is None, clean.line()
     monkeypatch.setenv(F.ENV, fault)
     rep = check_transitions(res, f"sglang:{version}")

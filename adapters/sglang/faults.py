@@ -247,6 +247,33 @@ def _close_keeps_row(version: str) -> None:
     _patch(SS, "StreamingSession", "release_session", make)
 
 
+def _close_keeps_mamba(version: str) -> None:
+    # PR #23496 (mamba leak on close): release_session ends with _free_slot_mamba(slot),
+    # which gives the slot's mamba state (and its ping-pong track slots) back to the mamba
+    # allocator. Skip it: the state leaks with the session.
+    _patch(SS, "StreamingSession", "_free_slot_mamba", lambda orig: lambda self, slot: None)
+
+
+def _ephemeral_slot_no_mamba(version: str) -> None:
+    # 0.5.15 try_cache_finished_req, a first turn aborted mid-processing: the ephemeral
+    # slot that release_session cleans up takes the request's mamba refs ("Also carry the
+    # mamba refs over so _free_slot_mamba can return the ... slots to the mamba pool;
+    # otherwise the abort orphans them"). Hide them from it: the abort orphans them.
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    def make(orig):
+        def try_cache_finished_req(self, req, *args, **kwargs):
+            session = getattr(req, "session", None)
+            if (session is not None and session.streaming
+                    and isinstance(req.finished_reason, FINISH_ABORT)
+                    and session.session_id not in self.slots):
+                req.mamba_pool_idx = None
+                req.mamba_ping_pong_track_buffer = None
+            return orig(self, req, *args, **kwargs)
+        return try_cache_finished_req
+    _patch(SS, "StreamingSession", "try_cache_finished_req", make)
+
+
 def _split_no_lock_copy(version: str) -> None:
     # a node split gives the new upper node the child's lock count (0.5.15
     # RadixCache._split_node `new_node.lock_ref = child.lock_ref`; 0.5.23
@@ -328,6 +355,16 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "a node split leaves the new upper node unlocked: a holder's path loses its lock",
           "0.5.15 RadixCache._split_node (new_node.lock_ref = child.lock_ref); 0.5.23 "
           "FullComponent.redistribute_on_node_split", _split_no_lock_copy),
+    Fault("close_keeps_mamba", BOTH,
+          "release_session skips _free_slot_mamba: the slot's mamba state leaks with the session",
+          "PR #23496 (mamba leak on close); release_session's _free_slot_mamba(slot)",
+          _close_keeps_mamba),
+    Fault("ephemeral_slot_no_mamba", ("0.5.15",),
+          "a first turn aborted mid-processing: the ephemeral slot does not take the "
+          "request's mamba refs, which the abort orphans",
+          "0.5.15 try_cache_finished_req's comment ('Also carry the mamba refs over so "
+          "_free_slot_mamba can return the ... slots to the mamba pool; otherwise the abort "
+          "orphans them')", _ephemeral_slot_no_mamba),
     Fault("session_held_counts_borrowed", ("0.5.15",),
           "session_held_tokens ignores active_pool_idxs: a borrowed slot counted twice while busy",
           "PR #22213 (busy double count); session_held_tokens' docstring",
