@@ -390,7 +390,9 @@ and 0.5.16's StreamingSession, SessionSlot, RadixCache and paged allocator metho
 `free_tail_slot_untouched` reads there; so do 0.5.17's and 0.5.18's), 0.5.22's have
 0.5.23's. `python -m benchmarks.bench_sglang_faults --versions V`: 12 of 12 caught on each
 of 0.5.14 and 0.5.16-0.5.18, 9 of 9 on 0.5.22 (adapters/sglang/README.md); the clean
-release passes every scope."""
+release passes every scope. Those runs predate `close_keeps_mamba` and
+`ephemeral_slot_no_mamba`, which need a scope whose session slot holds Mamba state:
+0.5.16-0.5.18's presets have none."""
 
 
 def code_of(version: str) -> str:
