@@ -41,11 +41,12 @@ def small(version: str, depth: int, scope: str = "sglang-tiny"):
     return _SMALL[version, depth, scope]
 
 
-# (release, fault, invariant it fails, step, scope), as the bench finds them: one per
-# release on the first scope, and the Mamba state a session slot holds (PR #23496) on
+# (release, fault, invariant it fails, step, scope), as the bench finds them: on each
+# release's first scope, and the Mamba state a session slot holds (PR #23496) on
 # each release's Mamba scope
 CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
           ("0.5.23", "lock_not_handed_over", "D1", 2, "sglang-tiny"),
+          ("0.5.23", "close_not_deferred", "I22", 2, "sglang-tiny"),
           ("0.5.15", "ephemeral_slot_no_mamba", "L1", 3, "sglang-mamba-tree"),
           ("0.5.23", "close_keeps_mamba", "I44", 4, "sglang-mamba-tree")]
 

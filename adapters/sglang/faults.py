@@ -274,6 +274,30 @@ def _ephemeral_slot_no_mamba(version: str) -> None:
     _patch(SS, "StreamingSession", "try_cache_finished_req", make)
 
 
+def _close_not_deferred(version: str) -> None:
+    # PR #21875 (close deferral): SessionController._close defers a streaming session's
+    # close while a turn is in flight or its last request is unfinished ("An in-flight
+    # request is still decoding on this session's KV memory. Freeing now would corrupt
+    # the scheduler"). Hide both from it there: the session is released at once, under
+    # the running turn.
+    def make(orig):
+        def _close(self, session_id):
+            session = self.sessions[session_id]
+            nodes = session.req_nodes
+            busy = session.streaming and (session._inflight or any(
+                not n.req.finished() for n in nodes.values()))
+            if not busy:
+                return orig(self, session_id)
+            inflight = session._inflight
+            session._inflight, session.req_nodes = False, {}
+            try:
+                return orig(self, session_id)
+            finally:
+                session._inflight, session.req_nodes = inflight, nodes
+        return _close
+    _patch("sglang.srt.session.session_controller", "SessionController", "_close", make)
+
+
 def _split_no_lock_copy(version: str) -> None:
     # a node split gives the new upper node the child's lock count (0.5.15
     # RadixCache._split_node `new_node.lock_ref = child.lock_ref`; 0.5.23
@@ -355,6 +379,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "a node split leaves the new upper node unlocked: a holder's path loses its lock",
           "0.5.15 RadixCache._split_node (new_node.lock_ref = child.lock_ref); 0.5.23 "
           "FullComponent.redistribute_on_node_split", _split_no_lock_copy),
+    Fault("close_not_deferred", BOTH,
+          "SessionController._close releases a streaming session at once while a turn is "
+          "in flight: its KV is freed under the running turn",
+          "PR #21875 (close deferral); _close's comment ('Freeing now would corrupt the "
+          "scheduler')", _close_not_deferred),
     Fault("close_keeps_mamba", BOTH,
           "release_session skips _free_slot_mamba: the slot's mamba state leaks with the session",
           "PR #23496 (mamba leak on close); release_session's _free_slot_mamba(slot)",
