@@ -37,7 +37,7 @@ from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
 from kvcheck.engines.gen import Stats, beyond_line
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
-from kvcheck.trace import failure_trace
+from kvcheck.trace import Expect, Trace, failure_trace
 from spec.ops import OP_NAMES
 
 WORKER_CHUNK = 8
@@ -102,6 +102,8 @@ class FuzzReport:
     beyond_differs: dict = field(default_factory=dict)
     """Stops where the system under test ran alone on the stop's step, and by reason those
     where it did not show what the spec stopped at (`Stats.beyond_differs`)."""
+    beyond_traces: dict = field(default_factory=dict)
+    """Reason -> the trace of the first such stop (`_Driver.stop`)."""
 
     def render(self) -> str:
         rate = self.steps / self.seconds if self.seconds else 0.0
@@ -123,6 +125,8 @@ class FuzzReport:
         if self.beyond:
             lines.append("  " + beyond_line(self.beyond, self.not_compared,
                                             self.beyond_checked, self.beyond_differs))
+            for reason, path in sorted(self.beyond_traces.items()):
+                lines.append(f"    where it differed ({reason}), the first: kvcheck replay {path}")
         if not self.found:
             lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
         for f in self.found:
@@ -366,6 +370,8 @@ def _loop(executor, c, stats, drv, rounds, seconds, stop_on_first, planted, star
             stats.merge(res.stats)
             if res.end < res.limit:
                 todo.append((res.end, res.limit))
+            for st in res.stops:
+                drv.stop(st)
             if res.failure is not None and not (stop_on_first and drv.report.found):
                 drv.failure(res.failure)
         now = time.monotonic()
@@ -386,6 +392,21 @@ class _Driver:
         self.replays, self.label = replays, label
         self.seen: set = set()
         self.start = start
+
+    def stop(self, raw) -> None:
+        """The first stop of each reason where the system under test, alone on the stop's
+        step, did not show what the spec stopped at: its trace (expectation: pass up to the
+        stop; `kvcheck replay` prints both sides' verdicts at that step), not a failure."""
+        b = raw.beyond
+        if b.reason in self.report.beyond_traces:
+            return
+        meta = {"source": "fuzz", "engine": self.c.engine, "seed": self.c.seed,
+                "round": raw.index, "backend": self.bname, **planted_upstream(self.bname),
+                "beyond": b.render()}
+        with self.ints.deferred():
+            path = Trace(raw.cfg, list(raw.ops), Expect("pass"), meta).save(
+                self.out_dir / "beyond" / f"{b.reason}-seed{self.c.seed}-r{raw.index}.json")
+            self.report.beyond_traces[b.reason] = str(path)
 
     def failure(self, raw: RawFailure) -> None:
         generated = time.monotonic() - self.start

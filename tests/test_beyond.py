@@ -240,3 +240,26 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
     assert beyond_line(stats.beyond, stats.not_compared, stats.beyond_checked,
                        stats.beyond_differs).endswith(
         "; the system under test, alone at the stop, showed the same in 1, not in 1 (I17 x1)")
+
+
+@pytest.mark.parametrize("version", [_release("0.5.23")])
+def test_fuzz_writes_the_first_stop_of_each_kind_where_the_release_differed(version, tmp_path):
+    """A stop where the release, alone on the stop's step, did not show what the spec
+    stopped at is where to look next: fuzz writes the first of each reason as a trace,
+    names it in the report, and the trace replays up to the stop with both verdicts.
+    (Seed 31's sequence 37 on 0.5.23: a session closed under a turn that runs on its
+    slot's record; the spec frees row and pages the turn still holds, I4; the release's
+    free empties the shared record, so only I22 shows; docs/upstream-findings.md.)"""
+    from kvcheck.replay import replay_trace
+    from kvcheck.trace import load
+    rep = fuzz(seed=31, rounds=38, backend=f"sglang:{version}", out_dir=tmp_path, quiet=True,
+               accept=("U1", "U2", "U6", "M2"))
+    assert not rep.found and rep.beyond_differs == {"I4": 1}, rep.render()
+    path = Path(rep.beyond_traces["I4"])
+    assert path == tmp_path / "beyond" / "I4-seed31-r37.json" and path.exists()
+    assert f"where it differed (I4), the first: kvcheck replay {path}" in rep.render()
+    trace = load(path)
+    assert trace.expect.result == "pass" and "alone: I22" in trace.meta["beyond"]
+    res, ok = replay_trace(trace, f"sglang:{version}", verbose=False)
+    assert ok and res.beyond is not None and res.beyond.step == len(trace.ops) - 1
+    assert res.beyond.reason == "I4" and res.beyond.release_differs, res.beyond.render()

@@ -44,12 +44,25 @@ class RawFailure:
 
 
 @dataclass
+class RawStop:
+    """A sequence that stopped past the accepted findings' model where the system under
+    test, run alone on that step, did not show what the spec stopped at
+    (`checker.Beyond.release_differs`): where to look next. `ops` end with the stop's."""
+    index: int
+    cfg: Config
+    ops: list
+    beyond: object              # kvcheck.checker.Beyond
+
+
+@dataclass
 class ChunkResult:
     start: int
     end: int                    # the first index not run
     limit: int = 0              # the index the chunk was asked to run up to
     stats: Stats = field(default_factory=Stats)
     failure: Optional[RawFailure] = None
+    stops: list = field(default_factory=list)
+    """RawStop: the first of each reason in this chunk."""
 
 
 def _setup(c: Campaign):
@@ -83,6 +96,10 @@ def _walk_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
         else:
             seq = walk(c.seed, i, factory, bname, res.stats, config_kw=kw, skip=skip)
         res.end = i + 1
+        b = seq.beyond
+        if b is not None and b.release_differs and all(x.beyond.reason != b.reason
+                                                       for x in res.stops):
+            res.stops.append(RawStop(i, seq.cfg, list(seq.ops), b))
         if seq.failure is not None:
             res.failure = RawFailure(i, seq.cfg, seq.ops, seq.failure)
             break

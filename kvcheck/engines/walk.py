@@ -48,6 +48,7 @@ class Sequence:
     cfg: Config
     ops: list = field(default_factory=list)
     failure: Optional[Failure] = None
+    beyond: Optional[object] = None     # kvcheck.checker.Beyond where it stopped comparing
 
 
 def sequence_rng(seed: int, index: int) -> random.Random:
@@ -161,6 +162,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
                 return seq
             if lock.beyond is not None:     # nothing more is compared: the walk ends here
                 stats.record_beyond(lock.beyond.reason, length - n, lock.beyond.release)
+                seq.beyond = lock.beyond
                 return seq
             stats.record(op, rec.outcome, paths)
             if observe is not None:
