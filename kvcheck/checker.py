@@ -81,6 +81,11 @@ class StepRecord:
     backend_state: Optional[AbstractState] = None   # the backend's abstract state after op
 
 
+RELEASE_SAME = "the same"
+"""`Beyond.release` where the system under test, alone at a stop, showed what the spec
+stopped at."""
+
+
 @dataclass
 class Beyond:
     """Under `Config.accept`, where the spec left what the model follows after it took
@@ -104,7 +109,7 @@ class Beyond:
 
     @property
     def release_differs(self) -> bool:
-        return self.release is not None and self.release != "the same"
+        return self.release is not None and self.release != RELEASE_SAME
 
     def render(self) -> str:
         return (f"beyond the accepted findings' model at step {self.step}: {self.op}: "
@@ -225,12 +230,12 @@ class Lockstep:
         except Exception as e:  # noqa: BLE001  (upstream raised, e.g. its own assertion)
             said = f"{type(e).__name__}: {e}"
             upstream = b.details[0].split(":", 1)[0] if b.details else "?"
-            b.release = "the same" if b.reason == "ModelError" and upstream in said \
+            b.release = RELEASE_SAME if b.reason == "ModelError" and upstream in said \
                 else f"raised {said[:300]}"
             return b
         ids = {v.id for v in vs}
         missing = sorted({d.split(" ", 1)[0] for d in b.details} - ids)
-        b.release = "the same" if not missing else \
+        b.release = RELEASE_SAME if not missing else \
             f"{', '.join(sorted(ids)) or 'no violation'} (outcome {out!r}); not {', '.join(missing)}"
         return b
 

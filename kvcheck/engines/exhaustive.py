@@ -116,7 +116,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     is not gone on from. `visit(path, lockstep)` is called at every state the walk
     reaches (tests)."""
     from kvcheck.backends import known_findings, release_refusal, resolve
-    from kvcheck.checker import Lockstep
+    from kvcheck.checker import RELEASE_SAME, Lockstep
     from kvcheck.explore import candidate_ops
     from spec.config import ConfigError
     factory, bname = resolve(backend)
@@ -163,7 +163,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
             if nxt.beyond is not None:
                 rep.beyond += 1
                 rep.beyond_checked += nxt.beyond.release is not None
-                rep.beyond_same += nxt.beyond.release == "the same"
+                rep.beyond_same += nxt.beyond.release == RELEASE_SAME
                 if op in tree:
                     rep.beyond_states += subtree_size(children, tree[op])
             elif op in tree:

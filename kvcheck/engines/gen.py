@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from kvcheck.checker import RELEASE_SAME
 from spec import ops as O
 from spec.config import Config
 from spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
@@ -437,7 +438,7 @@ class Stats:
         self.not_compared += not_compared
         if release is not None:
             self.beyond_checked += 1
-            if release != "the same":
+            if release != RELEASE_SAME:
                 self.beyond_differs[reason] += 1
 
     def merge(self, other: "Stats") -> None:
