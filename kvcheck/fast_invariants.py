@@ -20,7 +20,7 @@ from spec.hybrid import cursor_at_dead_lo, mamba_refs, row_swa_held
 from spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
-                     "I14", "I15", "I17", "I20", "I22", "I24", "I26", "I27",
+                     "I14", "I15", "I17", "I20", "I22", "I24", "I26", "I27", "I29",
                      "I40", "I41", "I42", "I43", "I44", "I45", "I46"})
 
 
@@ -116,6 +116,8 @@ def _clean(s: State) -> bool:
         if r.locked and ln is not None and ln[0] == "node" and ln[1] != ROOT:
             anchors.append(nodes[ln[1]].path)
         if row is None:
+            if r.phase != "queued" and not r.committed_freed:           # I29
+                return False
             continue
         if r.committed_freed or r.overallocated_freed:                  # I12
             return False

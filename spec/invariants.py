@@ -361,6 +361,16 @@ def slot_holds_kv(s: AbstractState, cfg: Config):
     return [_v(slot_holds_kv, "slot exists with req_pool_idx None", _slot(t)) for t in s.slots if t.row is None]
 
 
+@invariant("I29", "a running request holds its row until its KV is released")
+def running_holds_row(s: AbstractState, cfg: Config):
+    """The converse of I23: a request in a running batch (phase prefill or decode) whose KV
+    `release_kv_cache` has not released reads and writes `req_to_token[req_pool_idx]` on its
+    next step, so it must hold a row (its own, or its session slot's)."""
+    return [_v(running_holds_row, f"{r.phase} request with req_pool_idx None while its KV is "
+               "not released (kv_committed_freed False)", _req(r))
+            for r in s.reqs if r.phase != "queued" and r.row is None and not r.committed_freed]
+
+
 @invariant("I26", "KV content matches the tokens it stands for")
 def kv_content(s: AbstractState, cfg: Config):
     P, content, out = s.page_size, s.content_map(), []

@@ -76,6 +76,7 @@ def corruptions():
         "I20": (replace(W, sessions=tuple(replace(x, inflight=False) for x in W.sessions)), CFG_W, None),
         "I22": (replace(W, slots=()), CFG_W, None),
         "I24": (with_slot(W, 1, row=None), CFG_W, None),
+        "I29": (with_req(W, 2, row=None, row_pages=()), CFG_W, None),
         "I26": (replace(W, content=tuple((p, (99,) * 4 if p == page else c) for p, c in W.content)), CFG_W, page),
         "I27": (with_slot(W, 1, row_pages=(W.slots[0].row_pages[1], W.slots[0].row_pages[0])
                           + W.slots[0].row_pages[2:]), CFG_W, None),
