@@ -218,6 +218,27 @@ def test_u1_crashes_the_scheduler_at_the_assertion_the_spec_stops_at(version, st
     assert "AssertionError: streaming session prefix shrank: prefix_len=3" in lines[-1], lines
 
 
+@pytest.mark.parametrize("version", [_release("0.5.23")])
+def test_u1_close_under_a_prefilling_turn_empties_its_record_then_crashes(version):
+    """U1 on 0.5.23's shared record (docs/upstream-findings.md, U1): the stub's detach
+    clears `_inflight`, so the deferred close is carried out under turn 21, which runs on
+    the slot's record. The spec stops at step 5 (its turn keeps its own row: I17, I4, ...);
+    the release, alone there, shows a prefilling request without a row (I29) and I22, and
+    raises at the turn's next chunk."""
+    from adapters.sglang.conformance import past_failure
+    from kvcheck.replay import run_replay
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / f"u1-close-under-running-turn-sglang-{version}.json")
+    res = run_replay(t, f"sglang:{version}")
+    b = res.beyond
+    assert res.failure is None and b is not None and (b.step, b.reason) == (5, "I17"), b
+    assert b.release.startswith("I22, I29 (outcome 'ok'); not ") and b.release_differs, b.release
+    states, lines = past_failure(t, version)
+    assert len(states) == 6, lines
+    assert "step   6 prefill_chunk(rid=21): raised" in lines[-1], lines
+    assert "AssertionError: new_prefix_len=0, len(new_indices)=1, page_aligned_len=2" in lines[-1], lines
+
+
 def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_alone):
     from kvcheck.engines.gen import beyond_line
     same = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1), backend_name="upstream")
