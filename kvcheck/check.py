@@ -109,7 +109,7 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
     gen.PATHS (the retry of a retracted request, ...) was never reached. `beyond`, if
     given, receives the run's sequences beyond the accepted findings' model (--json)."""
     from kvcheck.backends import known_findings
-    from kvcheck.engines.gen import PATHS, beyond_line
+    from kvcheck.engines.gen import PATHS, beyond_line, differed_lines
     from kvcheck.fuzz import Console, fuzz
     from spec.ops import OP_NAMES
     rep = fuzz(None, CHECK_SEED, backend, out, rounds=max(1, examples), engine=engine,
@@ -124,6 +124,7 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
                           release_differs=dict(sorted(rep.beyond_differs.items())))
     stopped = ("; " + beyond_line(rep.beyond, rep.not_compared, rep.beyond_checked,
                                   rep.beyond_differs)) if rep.beyond else ""
+    stopped += "".join("\n" + line for line in differed_lines(rep.beyond_traces, "   "))
     if rep.found:
         f = rep.found[0]
         return False, (f"{f.id} on {f.side}: {f.summary}\n   trace: {f.path}\n"
@@ -231,6 +232,7 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
     [--accept A]` does (B impl or sglang:VERSION: then every transition on the spec and B
     side by side). The reachability goals are the spec exploration's (B spec) only."""
     from kvcheck import explore as X
+    from kvcheck.engines.gen import differed_lines
     p = argparse.ArgumentParser()
     X.add_arguments(p)
     ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore"),
@@ -241,6 +243,7 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
               f"within {res.max_depth} steps")
     if res.backend_check:
         detail += "; " + res.backend_check
+    detail += "".join("\n" + line for line in differed_lines(res.beyond_traces, "   "))
     for v in res.violations:
         detail += f"; VIOLATION {v.id} at step {v.depth - 1}: {v.message}"
     detail += "".join(f"\n   trace: {t}\n   replay: kvcheck replay {t}" for t in traces)

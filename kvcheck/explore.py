@@ -946,6 +946,8 @@ class Result:
     visited: tuple = field(default=(), repr=False)      # (seen set, parents, via)
     op_table: list = field(default_factory=list, repr=False)   # via's operations
     backend_check: str = ""           # `--backend impl`: the transition check's verdict line
+    beyond_traces: dict = field(default_factory=dict)   # reason -> trace of the first stop
+                                      # where the backend alone differed (TransitionReport.differs)
 
     def bytes_per_state(self, sample: int = 2000) -> float:
         """Memory of the visited set and the parent links per distinct state (a sample of
@@ -1428,7 +1430,8 @@ def _check_transitions(res: Result, args, traces: list) -> int:
     step, whose trace and HTML report are written as a violation's are)."""
     from kvcheck.backends import BackendError, planted_upstream
     from kvcheck.engines.exhaustive import ForkError, check_transitions
-    from kvcheck.trace import failure_trace
+    from kvcheck.engines.gen import differed_lines
+    from kvcheck.trace import beyond_trace, failure_trace
 
     def prog(rep, el):
         print(f"[explore {res.scope.name} vs {rep.backend}] {rep.transitions:,} transitions, "
@@ -1446,11 +1449,16 @@ def _check_transitions(res: Result, args, traces: list) -> int:
         return 2
     res.backend_check = rep.verdict()
     print(f"  {rep.line()}")
+    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend,
+            **planted_upstream(rep.backend)}
+    for reason, (ops, b) in sorted(rep.differs.items()):
+        res.beyond_traces[reason] = str(beyond_trace(res.scope.cfg, ops, b, meta).save(
+            Path(args.out) / "beyond" / f"{reason}-{res.scope.name}.json"))
+    for line in differed_lines(res.beyond_traces):
+        print(line)
     if rep.failure is None:
         return 0
     f = rep.failure
-    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend,
-            **planted_upstream(rep.backend)}
     traces.append(_write_trace(failure_trace(res.scope.cfg, rep.ops, f, meta),
                                Path(args.out) / f"{res.scope.name}-{f.id}-{f.side}.json",
                                rep.backend))

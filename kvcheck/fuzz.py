@@ -35,9 +35,9 @@ from kvcheck.backends import planted_upstream
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
-from kvcheck.engines.gen import Stats, beyond_line
+from kvcheck.engines.gen import Stats, beyond_line, differed_lines
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
-from kvcheck.trace import Expect, Trace, failure_trace
+from kvcheck.trace import beyond_trace, failure_trace
 from spec.ops import OP_NAMES
 
 WORKER_CHUNK = 8
@@ -125,8 +125,7 @@ class FuzzReport:
         if self.beyond:
             lines.append("  " + beyond_line(self.beyond, self.not_compared,
                                             self.beyond_checked, self.beyond_differs))
-            for reason, path in sorted(self.beyond_traces.items()):
-                lines.append(f"    where it differed ({reason}), the first: kvcheck replay {path}")
+            lines += differed_lines(self.beyond_traces)
         if not self.found:
             lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
         for f in self.found:
@@ -401,10 +400,9 @@ class _Driver:
         if b.reason in self.report.beyond_traces:
             return
         meta = {"source": "fuzz", "engine": self.c.engine, "seed": self.c.seed,
-                "round": raw.index, "backend": self.bname, **planted_upstream(self.bname),
-                "beyond": b.render()}
+                "round": raw.index, "backend": self.bname, **planted_upstream(self.bname)}
         with self.ints.deferred():
-            path = Trace(raw.cfg, list(raw.ops), Expect("pass"), meta).save(
+            path = beyond_trace(raw.cfg, raw.ops, b, meta).save(
                 self.out_dir / "beyond" / f"{b.reason}-seed{self.c.seed}-r{raw.index}.json")
             self.report.beyond_traces[b.reason] = str(path)
 

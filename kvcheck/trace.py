@@ -72,6 +72,13 @@ class Trace:
         return path
 
 
+def beyond_trace(cfg: Config, ops, beyond, meta: dict) -> Trace:
+    """The trace of a run that stopped comparing past the accepted findings' model
+    (`kvcheck.checker.Beyond`, at its last operation): expected to pass up to the stop,
+    whose text (both sides' verdicts there) goes into `#meta.beyond`."""
+    return Trace(cfg, list(ops), Expect("pass"), {**meta, "beyond": beyond.render()})
+
+
 def failure_trace(cfg: Config, ops, failure, meta: dict) -> Trace:
     """The trace of a run that failed: its operations and, as the expectation, the failure
     (`kvcheck.checker.Failure`: id, step, side)."""

@@ -39,6 +39,9 @@ class TransitionReport:
     beyond_states: int = 0             # states only they lead to (not visited)
     beyond_checked: int = 0            # of those, stops where the backend ran alone on the step
     beyond_same: int = 0               # ... and showed what the spec stopped at
+    differs: dict = field(default_factory=dict)
+    """Reason -> (operations, `checker.Beyond`) of the first stop of that reason where the
+    backend alone did not show what the spec stopped at: where to look next."""
 
     @property
     def rate(self) -> float:
@@ -164,6 +167,8 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 rep.beyond += 1
                 rep.beyond_checked += nxt.beyond.release is not None
                 rep.beyond_same += nxt.beyond.release == RELEASE_SAME
+                if nxt.beyond.release_differs:
+                    rep.differs.setdefault(nxt.beyond.reason, (path + [op], nxt.beyond))
                 if op in tree:
                     rep.beyond_states += subtree_size(children, tree[op])
             elif op in tree:

@@ -478,6 +478,13 @@ def beyond_line(beyond: dict, not_compared: int, checked: int = 0,
     return line
 
 
+def differed_lines(traces: dict, indent: str = "    ") -> list:
+    """One line per reason naming the trace of the first stop where the system under test,
+    alone at the stop, did not show what the spec stopped at (reason -> path)."""
+    return [f"{indent}where it differed ({reason}), the first: kvcheck replay {path}"
+            for reason, path in sorted(traces.items())]
+
+
 def _retry(state, op) -> bool:
     """The retry of a retracted request: its next `schedule`."""
     r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
