@@ -106,6 +106,8 @@ class Beyond:
     showed and which of the spec's it did not. Not
     compared; a stop where it differs is where to look next (a spec mistake past the
     model, as S9 was, or a consequence of the release's own)."""
+    assertions: tuple = ()
+    """A ModelError's `upstream`: the releases' own wordings of the assertion it reached."""
 
     @property
     def release_differs(self) -> bool:
@@ -184,7 +186,8 @@ class Lockstep:
             s, out = step(self.state, op)
         except ModelError as e:
             if self._took_upstream(op, error=e):    # an accepted finding led it there
-                self.beyond = self._release_at_stop(Beyond(i, op, "ModelError", [str(e)]))
+                self.beyond = self._release_at_stop(Beyond(i, op, "ModelError", [str(e)],
+                                                           assertions=e.upstream))
                 return rec, None
             return rec, Failure(i, op, SPEC_ASSERTION, "spec", details=[str(e)])
         except Exception as e:  # a defective spec (e.g. a planted spec mutant) crashed
@@ -229,9 +232,9 @@ class Lockstep:
                 vs += check_step(prev, b.op, out, after, self.cfg)
         except Exception as e:  # noqa: BLE001  (upstream raised, e.g. its own assertion)
             said = f"{type(e).__name__}: {e}"
-            upstream = b.details[0].split(":", 1)[0] if b.details else "?"
-            b.release = RELEASE_SAME if b.reason == "ModelError" and upstream in said \
-                else f"raised {said[:300]}"
+            upstream = (b.details[0].split(":", 1)[0] if b.details else "?",) + b.assertions
+            b.release = RELEASE_SAME if b.reason == "ModelError" and \
+                any(a in said for a in upstream) else f"raised {said[:300]}"
             return b
         ids = {v.id for v in vs}
         missing = sorted({d.split(" ", 1)[0] for d in b.details} - ids)

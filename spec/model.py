@@ -27,12 +27,27 @@ SAMPLED_TOKEN = 1
 
 
 class ModelError(AssertionError):
-    """An assertion of upstream code that the model itself reached (names it)."""
+    """An assertion of upstream code that the model itself reached (names it). `upstream`:
+    the assertion's own message in the releases whose wording the model's message does not
+    begin with (a release that raises one of them raised the same assertion)."""
+
+    def __init__(self, message: str, upstream: tuple = ()):
+        super().__init__(message)
+        self.upstream = upstream
 
 
 # ---------------------------------------------------------------------------
 # allocator (TokenToKVPoolAllocator / PagedTokenToKVPoolAllocator)
 # ---------------------------------------------------------------------------
+
+REUSED_ROW_014 = "reusing request must be chunked or have committed KV"
+"""`ReqToTokenPool.alloc`'s assertion on a reused row, 0.5.14-0.5.18 (`inflight_middle_chunks
+> 0 or kv_committed_len > 0`)."""
+REUSED_ROW_019 = "a reused row must carry allocated KV"
+"""The same assertion from 0.5.19 on (`kv.kv_allocated_len > 0`; a reused row is a
+session slot's or a chunked request's, whose allocated and committed lengths are both 0 or
+both not)."""
+
 
 def available_size(s: State) -> int:
     return hybrid.available_size(s, len(s.free_pages) * s.cfg.page_size)
@@ -1056,7 +1071,8 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
         s.rows[req.row][:prefix // s.cfg.page_size] = req.prefix_pages
     elif not (req.committed > 0):
         raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
-                         f"with kv_committed_len=0 and no chunk in flight")
+                         f"with kv_committed_len=0 and no chunk in flight",
+                         upstream=(REUSED_ROW_014, REUSED_ROW_019))
     if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity` (0.5.23),
         short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
             hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
