@@ -239,6 +239,51 @@ def test_u1_close_under_a_prefilling_turn_empties_its_record_then_crashes(versio
     assert "AssertionError: new_prefix_len=0, len(new_indices)=1, page_aligned_len=2" in lines[-1], lines
 
 
+@pytest.mark.parametrize("version", [_release("0.5.23")])
+def test_u1_restore_cuts_a_running_record_and_the_release_asserts(version):
+    """U1 on 0.5.23: turn 3, accepted beside queued turn 1, borrows the record turn 1 runs
+    on and cuts it to its own prefix 0; the spec reaches ReqToTokenPool.alloc's assertion,
+    and the release, alone there, raises its own wording of it (counted as the same:
+    `ModelError.upstream`), the assertion that ends the scheduler."""
+    from adapters.sglang.conformance import past_failure
+    from kvcheck.replay import run_replay
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / f"u1-restore-cuts-running-record-crash-sglang-{version}.json")
+    res = run_replay(t, f"sglang:{version}")
+    b = res.beyond
+    assert res.failure is None and b is not None and (b.step, b.reason) == (6, "ModelError"), b
+    assert b.details[0].startswith("ReqToTokenPool.alloc: req 3 reuses row") and b.release == "the same", b
+    states, lines = past_failure(t, version)
+    assert len(states) == 6, lines
+    assert "step   6 schedule(rid=3, admit=True): raised" in lines[-1], lines
+    assert "AssertionError: a reused row must carry allocated KV" in lines[-1], lines
+
+
+@pytest.mark.parametrize("version", [_release("0.5.23")])
+def test_explore_writes_the_first_stop_of_each_kind_where_the_release_differed(version, tmp_path):
+    """The exhaustive differential, like fuzz, writes the first stop of each reason where
+    the release alone did not show what the spec stopped at, and names it (sglang-tiny to
+    depth 6 without the plain request: U1's close under a running turn, I17 on the spec,
+    I22 and I29 on the release)."""
+    from kvcheck.replay import run_replay
+    from kvcheck.trace import load
+    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "explore", "--preset",
+                        f"check-sglang-{version}", "--scope", "sglang-tiny", "--max-depth", "6",
+                        "--plain", "0", "--backend", f"sglang:{version}", "--accept",
+                        "U1,U2,U6,M2", "--out", str(tmp_path), "--quiet"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    path = tmp_path / "beyond" / "I17-sglang-tiny.json"
+    assert f"where it differed (I17), the first: kvcheck replay {path}" in p.stdout, p.stdout
+    assert sorted(x.name for x in (tmp_path / "beyond").iterdir()) == ["I17-sglang-tiny.json"]
+    trace = load(path)
+    assert trace.expect.result == "pass" and trace.meta["scope"] == "sglang-tiny"
+    assert "alone: I22, I29 (outcome" in trace.meta["beyond"], trace.meta
+    res = run_replay(trace, f"sglang:{version}")
+    assert res.failure is None and res.beyond.step == len(trace.ops) - 1
+    assert res.beyond.reason == "I17" and res.beyond.release_differs, res.beyond.render()
+
+
 def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_alone):
     from kvcheck.engines.gen import beyond_line
     same = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1), backend_name="upstream")
