@@ -585,13 +585,18 @@ def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
                              "Mamba state to donate")
     else:
         value = alloc_mamba_slot(s, "prepare_for_caching_req")   # copy_from(req's state)
-    keys_len = req.committed
+    # `full_untruncated_fill_ids[:up_to]`: shorter than committed only where a later turn
+    # rewrote the shared array (U1); a finished request's row past it is then freed by
+    # `release_kv_cache` ([cache_protected_len, owned_kv_len)), an unfinished one keeps it
+    key = fill_key(s, req, finished)[:req.committed]
+    keys_len = len(key)
     row = s.rows[req.row]
-    nid, new_prefix_len, exist = insert_mamba(s, fill_key(s, req, finished)[:keys_len],
-                                              row[:keys_len], value)
+    nid, new_prefix_len, exist = insert_mamba(s, key, row[:keys_len], value)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
     row[req.protected:keys_len] = _path_pages(s, nid)[req.protected:]
+    if finished and keys_len < req.committed and s.cfg.era == "borrow":
+        _free_row_range(s, req.row, keys_len, req.committed)
     dec_lock_ref(s, req.last_node)
     req.last_node = ("node", nid)
     inc_lock_ref(s, req.last_node)
@@ -629,14 +634,19 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             req.locked = False
         return
     branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
-    n = committed
+    n = key_len = committed
     if branch is None and s.cfg.era == "wrapper":
         # 0.5.15 radix_cache.py l.451-454: the key, and the row slice whose rest is freed,
         # are `(origin_input_ids + output_ids)[:kv_committed_len]`: shorter than committed
         # only when a later turn rewrote the arrays in place (U1, `aliases_token_arrays`);
         # row positions [n, committed) are then freed by nothing
-        n = min(committed, len(req.fill_ids))
-    keys_len = floor_align(n if branch is None else branch, P)
+        n = key_len = min(committed, len(req.fill_ids))
+    elif branch is None:
+        # 0.5.22+ `checkpoint_into_tree`: the key is `full_untruncated_fill_ids[:up_to]`,
+        # which stops at the array where U1 shortened it; `release_kv_cache` then frees
+        # [cache_protected_len, owned_kv_len), the row past the page-aligned key
+        key_len = min(committed, len(req.fill))
+    keys_len = floor_align(key_len if branch is None else branch, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         key = fill_key(s, req, finished=True)[:keys_len]
         new_prefix_len = insert(s, key, s.rows[req.row][:keys_len // P],

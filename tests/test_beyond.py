@@ -193,6 +193,20 @@ def test_a_chunk_checkpoint_keys_the_array_a_later_turn_shortened():
         assert "[node [2, 1, 1, 1, 2, 4]; page 4]" in b.render(), b.render()
 
 
+def test_an_abort_keys_the_array_a_later_turn_shortened_and_frees_past_it():
+    """S10: turn 8 (kv_committed_len 18) is aborted after turn 10's submit rewrote their
+    shared array to 15 tokens (U1). 0.5.22+ keys the release's insert by the array and
+    frees the row past it ([cache_protected_len, owned_kv_len)); the spec keyed it by
+    kv_committed_len and leaked row positions 15-17 (I2 at step 14, the release alone:
+    no I2). Now both stop at step 14 with I26 on the nodes the abort inserted."""
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / "u1-abort-keys-rewritten-fill-sglang-0.5.23.json")
+    res = run_ops(t.config, t.ops, None, backend_name="spec")
+    b = res.beyond
+    assert res.failure is None and b is not None and (b.step, b.reason) == (14, "I26"), b
+    assert not [d for d in b.details if d.startswith(("I1 ", "I2 "))], b.render()
+
+
 def _release(version, *args):
     return pytest.param(version, *args, marks=pytest.mark.skipif(
         not (ROOT / f".venv-sglang-{version}" / "bin" / "python").exists(),
