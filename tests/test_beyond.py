@@ -324,6 +324,19 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
         "; the system under test, alone at the stop, showed the same in 1, not in 1 (I17 x1)")
 
 
+def test_a_spec_assertion_the_release_does_not_raise_is_said_so(spec_alone, monkeypatch):
+    """A stop at an assertion the spec reached (ModelError) where the release, alone on
+    that step, raised nothing: what it showed, and that it raised nothing (not the first
+    word of the spec's message as a missing invariant)."""
+    def close(s, sid):
+        raise M.ModelError("planted: close reaches an assertion")
+    monkeypatch.setattr(M, "_close_session", close)
+    res = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, idle_from=4), backend_name="upstream")
+    b = res.beyond
+    assert res.ok and (b.step, b.reason) == (4, "ModelError") and b.release_differs, b
+    assert b.release == "I20 (outcome 'ok'); raised nothing", b.release
+
+
 @pytest.mark.parametrize("version", [_release("0.5.23")])
 def test_fuzz_writes_the_first_stop_of_each_kind_where_the_release_differed(version, tmp_path):
     """A stop where the release, alone on the stop's step, did not show what the spec
