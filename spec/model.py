@@ -634,19 +634,18 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             req.locked = False
         return
     branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
-    n = key_len = committed
-    if branch is None and s.cfg.era == "wrapper":
-        # 0.5.15 radix_cache.py l.451-454: the key, and the row slice whose rest is freed,
-        # are `(origin_input_ids + output_ids)[:kv_committed_len]`: shorter than committed
-        # only when a later turn rewrote the arrays in place (U1, `aliases_token_arrays`);
-        # row positions [n, committed) are then freed by nothing
-        n = key_len = min(committed, len(req.fill_ids))
-    elif branch is None:
-        # 0.5.22+ `checkpoint_into_tree`: the key is `full_untruncated_fill_ids[:up_to]`,
-        # which stops at the array where U1 shortened it; `release_kv_cache` then frees
-        # [cache_protected_len, owned_kv_len), the row past the page-aligned key
-        key_len = min(committed, len(req.fill))
-    keys_len = floor_align(key_len if branch is None else branch, P)
+    n, key_len = committed, branch
+    if branch is None:
+        # the key is the token array `fill_key` names cut at kv_committed_len: shorter than
+        # committed only when a later turn rewrote the arrays in place (U1,
+        # `aliases_token_arrays`). 0.5.22+ (`checkpoint_into_tree`, then `release_kv_cache`'s
+        # free of [cache_protected_len, owned_kv_len)) frees the row past the page-aligned
+        # key; 0.5.15 (radix_cache.py l.451-454) frees the row slice of its key only, and
+        # row positions [key, committed) by nothing
+        key_len = min(committed, len(fill_key(s, req, finished=True)))
+        if s.cfg.era == "wrapper":
+            n = key_len
+    keys_len = floor_align(key_len, P)
     if is_insert and not s.cfg.disable_radix_cache:     # disabled: the row is freed
         key = fill_key(s, req, finished=True)[:keys_len]
         new_prefix_len = insert(s, key, s.rows[req.row][:keys_len // P],
