@@ -1428,7 +1428,7 @@ def scopes_from_args(args) -> list:
 def _check_transitions(res: Result, args, traces: list) -> int:
     """The scope's every transition on the spec and args.backend (exit code 1 on a failing
     step, whose trace and HTML report are written as a violation's are)."""
-    from kvcheck.backends import BackendError, planted_upstream
+    from kvcheck.backends import BackendError, planted_upstream, resolve
     from kvcheck.engines.exhaustive import ForkError, check_transitions
     from kvcheck.engines.gen import differed_lines
     from kvcheck.trace import beyond_trace, failure_trace
@@ -1437,8 +1437,20 @@ def _check_transitions(res: Result, args, traces: list) -> int:
         print(f"[explore {res.scope.name} vs {rep.backend}] {rep.transitions:,} transitions, "
               f"{rep.states:,} of {res.states:,} states ({rep.transitions / el:,.0f}/s), "
               f"{el:.0f} s", file=sys.stderr, flush=True)
+    meta = {"source": "explore", "scope": res.scope.name}
+
+    def differ(reason, ops, b):     # written as found: an interrupted walk keeps them
+        res.beyond_traces[reason] = str(beyond_trace(res.scope.cfg, ops, b, meta).save(
+            Path(args.out) / "beyond" / f"{reason}-{res.scope.name}.json"))
     try:
-        rep = check_transitions(res, args.backend, None if getattr(args, "quiet", False) else prog)
+        bname = resolve(args.backend)[1]
+        meta.update(backend=bname, **planted_upstream(bname))
+        rep = check_transitions(res, args.backend, None if getattr(args, "quiet", False) else prog,
+                                differ=differ)
+    except KeyboardInterrupt:
+        for line in differed_lines(res.beyond_traces):
+            print(line)
+        raise
     except (ConfigError, BackendError, ForkError) as e:
         res.backend_check = f"spec vs {args.backend} on every transition: NOT CHECKED: {e}"
         print(f"  {res.backend_check}")
@@ -1449,11 +1461,6 @@ def _check_transitions(res: Result, args, traces: list) -> int:
         return 2
     res.backend_check = rep.verdict()
     print(f"  {rep.line()}")
-    meta = {"source": "explore", "scope": res.scope.name, "backend": rep.backend,
-            **planted_upstream(rep.backend)}
-    for reason, (ops, b) in sorted(rep.differs.items()):
-        res.beyond_traces[reason] = str(beyond_trace(res.scope.cfg, ops, b, meta).save(
-            Path(args.out) / "beyond" / f"{reason}-{res.scope.name}.json"))
     for line in differed_lines(res.beyond_traces):
         print(line)
     if rep.failure is None:

@@ -358,3 +358,31 @@ def test_fuzz_writes_the_first_stop_of_each_kind_where_the_release_differed(vers
     res, ok = replay_trace(trace, f"sglang:{version}", verbose=False)
     assert ok and res.beyond is not None and res.beyond.step == len(trace.ops) - 1
     assert res.beyond.reason == "I4" and res.beyond.release_differs, res.beyond.render()
+
+
+@pytest.mark.parametrize("version", [_release("0.5.23")])
+def test_an_interrupted_exploration_keeps_the_stops_it_wrote(version, tmp_path, monkeypatch, capsys):
+    """Each first differing stop is written as the walk finds it: Ctrl-C right after the
+    first leaves its trace on disk and named on stdout, and the interrupt goes on up."""
+    import argparse
+
+    from kvcheck import explore as X
+    from kvcheck.engines import exhaustive
+    real = exhaustive.check_transitions
+
+    def interrupted(*a, differ, **kw):
+        def then_stop(*d):
+            differ(*d)
+            raise KeyboardInterrupt
+        return real(*a, differ=then_stop, **kw)
+    monkeypatch.setattr(exhaustive, "check_transitions", interrupted)
+    p = argparse.ArgumentParser()
+    X.add_arguments(p)
+    ns = p.parse_args(["--preset", f"check-sglang-{version}", "--scope", "sglang-tiny",
+                       "--max-depth", "6", "--plain", "0", "--backend", f"sglang:{version}",
+                       "--accept", "U1,U2,U6,M2", "--out", str(tmp_path), "--quiet"])
+    with pytest.raises(KeyboardInterrupt):
+        X.run_scope(X.scopes_from_args(ns)[0], ns)
+    path = tmp_path / "beyond" / "I17-sglang-tiny.json"
+    assert sorted(x.name for x in (tmp_path / "beyond").iterdir()) == [path.name]
+    assert f"where it differed (I17), the first: kvcheck replay {path}" in capsys.readouterr().out

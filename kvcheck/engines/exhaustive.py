@@ -108,7 +108,8 @@ def subtree_size(children, i: int) -> int:
 
 
 def check_transitions(res, backend: str = "impl", progress: Optional[Callable] = None,
-                      every: float = 2.0, visit: Optional[Callable] = None) -> TransitionReport:
+                      every: float = 2.0, visit: Optional[Callable] = None,
+                      differ: Optional[Callable] = None) -> TransitionReport:
     """Every transition of an explored scope (`explore(...)`'s Result, its visited set
     kept) on the spec and `backend`, until the first failing step. On a release with
     recorded upstream findings (adapters/sglang/findings.py) their triggers are not
@@ -117,7 +118,9 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     `Config.accept` they are applied, the spec taking upstream's behaviour, and a
     transition the lockstep finds past the accepted findings' model (`Lockstep.beyond`)
     is not gone on from. `visit(path, lockstep)` is called at every state the walk
-    reaches (tests)."""
+    reaches (tests); `differ(reason, ops, beyond)` at the first stop of each reason where
+    the backend alone differed (`rep.differs`), as it is found, so that what it writes
+    outlasts an interrupted walk."""
     from kvcheck.backends import known_findings, release_refusal, resolve
     from kvcheck.checker import RELEASE_SAME, Lockstep
     from kvcheck.explore import candidate_ops
@@ -167,8 +170,10 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 rep.beyond += 1
                 rep.beyond_checked += nxt.beyond.release is not None
                 rep.beyond_same += nxt.beyond.release == RELEASE_SAME
-                if nxt.beyond.release_differs:
-                    rep.differs.setdefault(nxt.beyond.reason, (path + [op], nxt.beyond))
+                if nxt.beyond.release_differs and nxt.beyond.reason not in rep.differs:
+                    rep.differs[nxt.beyond.reason] = (path + [op], nxt.beyond)
+                    if differ is not None:
+                        differ(nxt.beyond.reason, path + [op], nxt.beyond)
                 if op in tree:
                     rep.beyond_states += subtree_size(children, tree[op])
             elif op in tree:
