@@ -42,6 +42,9 @@ print("clean", [v.id for v in b.upstream_leak_violations()])
 kv = slot if b.api == "flat" else slot.kv
 kv.kv_allocated_len += 1                        # the slot claims a token nobody allocated
 print("broken", [v.id for v in b.upstream_leak_violations()])
+kv.kv_allocated_len -= 1
+b.pool.free_slots.pop()                         # a row neither free nor held by anyone
+print("row", [(v.id, v.owner) for v in b.upstream_leak_violations()])
 """
 
 
@@ -49,7 +52,7 @@ print("broken", [v.id for v in b.upstream_leak_violations()])
                                                            venv("0.5.23", "U1,U2,U6,M2", 10, 4)])
 def test_upstream_accounting_and_the_retry_of_a_retracted_turn(version, accept, sequences, seed):
     """One release process: upstream's idle leak check passes on an idle state and fails
-    (L1) once a slot claims a token nobody allocated; then the `--accept` walk (the
+    (L1) once a slot claims a token nobody allocated, (L2) once a row is lost; then the `--accept` walk (the
     release's recorded findings accepted, as make check-sglang runs it: every path is
     driven) reaches each retry path with upstream's checks on every step. The first 10
     sequences of the seed given reach each (a seed's sequences change when the generators'
@@ -60,6 +63,8 @@ def test_upstream_accounting_and_the_retry_of_a_retracted_turn(version, accept, 
         f"main(['--accept', {accept!r}, '--sequences', '{sequences}', '--seed', '{seed}'])\n")
     out = run_in(version, "-c", script)
     assert "clean []" in out and "broken ['L1']" in out, out
+    # upstream's strict idle check raises its own message: reported as L2 all the same
+    assert "row [('L2', 'req_to_token_pool')]" in out, out
     counts = dict(line.strip().rsplit(": ", 1) for line in out.splitlines()
                   if line.startswith("  ") and not line.startswith("  sequence "))
     for path in ("retract-retry from the session slot", "slot restore clamped to the key",
