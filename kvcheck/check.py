@@ -121,9 +121,10 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
                       reasons=dict(sorted(rep.beyond.items())))
         if rep.beyond_checked:
             beyond.update(release_checked=rep.beyond_checked,
-                          release_differs=dict(sorted(rep.beyond_differs.items())))
+                          release_differs=dict(sorted(rep.beyond_differs.items())),
+                          release_past_model=rep.beyond_past)
     stopped = ("; " + beyond_line(rep.beyond, rep.not_compared, rep.beyond_checked,
-                                  rep.beyond_differs)) if rep.beyond else ""
+                                  rep.beyond_differs, rep.beyond_past)) if rep.beyond else ""
     stopped += "".join("\n" + line for line in differed_lines(rep.beyond_traces, "   "))
     if rep.found:
         f = rep.found[0]

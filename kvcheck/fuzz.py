@@ -100,8 +100,10 @@ class FuzzReport:
     not_compared: int = 0
     beyond_checked: int = 0
     beyond_differs: dict = field(default_factory=dict)
-    """Stops where the system under test ran alone on the stop's step, and by reason those
-    where it did not show what the spec stopped at (`Stats.beyond_differs`)."""
+    beyond_past: int = 0
+    """Stops where the system under test ran alone on the stop's step, by reason those
+    where it did not show what the spec stopped at (`Stats.beyond_differs`), and those
+    where it did not but was past what the spec follows of it (`Stats.beyond_past`)."""
     beyond_traces: dict = field(default_factory=dict)
     """Reason -> the trace of the first such stop (`_Driver.stop`)."""
 
@@ -123,8 +125,8 @@ class FuzzReport:
         if missing:
             lines.append(f"  NOT REACHED: {', '.join(missing)}")
         if self.beyond:
-            lines.append("  " + beyond_line(self.beyond, self.not_compared,
-                                            self.beyond_checked, self.beyond_differs))
+            lines.append("  " + beyond_line(self.beyond, self.not_compared, self.beyond_checked,
+                                            self.beyond_differs, self.beyond_past))
             lines += differed_lines(self.beyond_traces)
         if not self.found:
             lines.append("  no failure found" + (" before the interrupt" if self.interrupted else ""))
@@ -286,6 +288,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
     report.paths = dict(stats.paths)
     report.beyond, report.not_compared = dict(stats.beyond), stats.not_compared
     report.beyond_checked, report.beyond_differs = stats.beyond_checked, dict(stats.beyond_differs)
+    report.beyond_past = stats.beyond_past
     return report
 
 

@@ -310,6 +310,14 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
     assert idle.ok and b.reason == "I22" and b.release_differs, b
     assert b.release == "I20 (outcome 'ok'); not I22", b.release    # what it showed instead
     assert "the system under test at that step, alone: I20" in b.render()
+    # the same stop where the release also says it is past what the spec follows of it
+    # (0.5.19's R1): explained by that, not counted as differing
+    past = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, idle_from=4, past_at=4),
+                   backend_name="upstream").beyond
+    assert past.release_past == "R1: test" and not past.release_differs, past
+    assert past.release == "I20 (outcome 'ok'); not I22; past what the spec follows of it (R1: test)"
+    assert run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, past_at=4),
+                   backend_name="upstream").beyond.release == "the same"
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "upstream" / "u1-prefix-shrank-crash-sglang-0.5.23.json")
     crash = run_ops(t.config, t.ops, spec_alone(t.config), backend_name="upstream")
@@ -317,11 +325,12 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
     assert run_ops(U1, U1_THEN_CLOSE, None, backend_name="spec").beyond.release is None
     stats = Stats()
     stats.record_beyond("I22", 3, "the same"), stats.record_beyond("I17", 2, "I22 (outcome 'ok')")
-    stats.record_beyond("I4", 1)
-    assert (stats.beyond_checked, dict(stats.beyond_differs)) == (2, {"I17": 1})
+    stats.record_beyond("I4", 1), stats.record_beyond("I2", 1, "I20 (outcome 'ok'); not I2", past=True)
+    assert (stats.beyond_checked, dict(stats.beyond_differs), stats.beyond_past) == (3, {"I17": 1}, 1)
     assert beyond_line(stats.beyond, stats.not_compared, stats.beyond_checked,
-                       stats.beyond_differs).endswith(
-        "; the system under test, alone at the stop, showed the same in 1, not in 1 (I17 x1)")
+                       stats.beyond_differs, stats.beyond_past).endswith(
+        "; the system under test, alone at the stop, showed the same in 1, was past what the "
+        "spec follows of it in 1, not in 1 (I17 x1)")
 
 
 def test_a_spec_assertion_the_release_does_not_raise_is_said_so(spec_alone, monkeypatch):
@@ -386,3 +395,24 @@ def test_an_interrupted_exploration_keeps_the_stops_it_wrote(version, tmp_path, 
     path = tmp_path / "beyond" / "I17-sglang-tiny.json"
     assert sorted(x.name for x in (tmp_path / "beyond").iterdir()) == [path.name]
     assert f"where it differed (I17), the first: kvcheck replay {path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version", [_release("0.5.19")])
+def test_a_stop_where_the_release_is_past_its_model_does_not_count_as_differing(version):
+    """0.5.19 shares one session record between the slot and its turn (R1). U2 lets turn 2
+    match the slot while retracted turn 1 waits; turn 1's retry then matches the same
+    record: the wrapper-era spec copies it (row 0 held by both turns and the slot, I4),
+    0.5.19 shares it (turn 1 runs on turn 2's lengths and finishes). The release, alone
+    there, shows something else, and says why: past what the spec follows of it."""
+    ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2, 2, 2), 2), O.Schedule(1), O.Retract(1),
+           O.SubmitTurn(1, 2, (2,), 2), O.Schedule(2), O.Schedule(1)]
+    cfg = Config(page_size=1, num_pages=6, num_rows=2, max_context_len=16, era="wrapper",
+                 evict_shortfall=True, accept=("U1", "U2", "U3", "M2"))
+    from kvcheck.backends import resolve
+    factory, name = resolve(f"sglang:{version}")
+    res = run_ops(cfg, ops, factory(cfg), backend_name=name)
+    b = res.beyond
+    assert res.ok and (b.step, b.reason) == (6, "I4") and not b.release_differs, b
+    assert b.release_past.startswith("R1: request 1 matched session 1's record while requests "
+                                     "[2] hold it"), b.release_past
+    assert b.release.startswith("I20 (outcome 'ok'); not I4; past what the spec follows"), b

@@ -39,6 +39,7 @@ class TransitionReport:
     beyond_states: int = 0             # states only they lead to (not visited)
     beyond_checked: int = 0            # of those, stops where the backend ran alone on the step
     beyond_same: int = 0               # ... and showed what the spec stopped at
+    beyond_past: int = 0               # ... did not, past what the spec follows of it (R1)
     differs: dict = field(default_factory=dict)
     """Reason -> (operations, `checker.Beyond`) of the first stop of that reason where the
     backend alone did not show what the spec stopped at: where to look next."""
@@ -61,6 +62,8 @@ class TransitionReport:
                      f"there, with the {self.beyond_states:,} states only they lead to"
                      + (f"; the system under test alone at those steps showed the same in "
                         f"{self.beyond_same:,} of {self.beyond_checked:,}"
+                        + (f", and was past what the spec follows of it in "
+                           f"{self.beyond_past:,}" if self.beyond_past else "")
                         if self.beyond_checked else "") + ")")
         if self.failure is None:
             return head + ", every step agreed"
@@ -170,6 +173,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 rep.beyond += 1
                 rep.beyond_checked += nxt.beyond.release is not None
                 rep.beyond_same += nxt.beyond.release == RELEASE_SAME
+                rep.beyond_past += nxt.beyond.release_past is not None
                 if nxt.beyond.release_differs and nxt.beyond.reason not in rep.differs:
                     rep.differs[nxt.beyond.reason] = (path + [op], nxt.beyond)
                     if differ is not None:

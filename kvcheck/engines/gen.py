@@ -424,8 +424,10 @@ class Stats:
     beyond_checked: int = 0
     """Of those, the stops where a system under test ran beside the spec (run alone on the
     stop's step, `checker.Beyond.release`); `beyond_differs`: by reason, the stops where it
-    did not show what the spec stopped at."""
+    did not show what the spec stopped at; `beyond_past`: the stops where it did not, but
+    was past what the spec follows of it there (`checker.Beyond.release_past`)."""
     beyond_differs: Counter = field(default_factory=Counter)
+    beyond_past: int = 0
 
     def record(self, op: O.Op, outcome: str, paths: Sequence[str] = ()) -> None:
         self.coverage[op.name] += 1
@@ -433,12 +435,15 @@ class Stats:
         self.paths.update(paths)
         self.steps += 1
 
-    def record_beyond(self, reason: str, not_compared: int, release: Optional[str] = None) -> None:
+    def record_beyond(self, reason: str, not_compared: int, release: Optional[str] = None,
+                      past: bool = False) -> None:
         self.beyond[reason] += 1
         self.not_compared += not_compared
         if release is not None:
             self.beyond_checked += 1
-            if release != RELEASE_SAME:
+            if past:
+                self.beyond_past += 1
+            elif release != RELEASE_SAME:
                 self.beyond_differs[reason] += 1
 
     def merge(self, other: "Stats") -> None:
@@ -451,11 +456,13 @@ class Stats:
         self.not_compared += other.not_compared
         self.beyond_checked += other.beyond_checked
         self.beyond_differs.update(other.beyond_differs)
+        self.beyond_past += other.beyond_past
 
     def clear(self) -> None:
         self.coverage.clear(), self.outcomes.clear(), self.paths.clear(), self.beyond.clear()
         self.beyond_differs.clear()
         self.steps = self.sequences = self.not_compared = self.beyond_checked = 0
+        self.beyond_past = 0
 
 
 def _tally(counts: dict) -> str:
@@ -463,9 +470,10 @@ def _tally(counts: dict) -> str:
 
 
 def beyond_line(beyond: dict, not_compared: int, checked: int = 0,
-                differs: Optional[dict] = None) -> str:
+                differs: Optional[dict] = None, past: int = 0) -> str:
     """`check` and `fuzz`'s line on the sequences that stopped comparing ("" if none); with
-    a system under test, how many of its stops it showed as the spec did."""
+    a system under test, how many of its stops it showed as the spec did (and at how many
+    it was past what the spec follows of it, `Stats.beyond_past`)."""
     n = sum(beyond.values())
     if not n:
         return ""
@@ -473,7 +481,9 @@ def beyond_line(beyond: dict, not_compared: int, checked: int = 0,
             f"{not_compared} steps not compared")
     if checked:
         d = sum((differs or {}).values())
-        line += (f"; the system under test, alone at the stop, showed the same in {checked - d}"
+        line += (f"; the system under test, alone at the stop, showed the same in "
+                 f"{checked - d - past}"
+                 + (f", was past what the spec follows of it in {past}" if past else "")
                  + (f", not in {d} ({_tally(differs)})" if d else ""))
     return line
 

@@ -161,7 +161,8 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
                 seq.failure = fail
                 return seq
             if lock.beyond is not None:     # nothing more is compared: the walk ends here
-                stats.record_beyond(lock.beyond.reason, length - n, lock.beyond.release)
+                stats.record_beyond(lock.beyond.reason, length - n, lock.beyond.release,
+                                    lock.beyond.release_past is not None)
                 seq.beyond = lock.beyond
                 return seq
             stats.record(op, rec.outcome, paths)
