@@ -416,3 +416,26 @@ def test_a_stop_where_the_release_is_past_its_model_does_not_count_as_differing(
     assert b.release_past.startswith("R1: request 1 matched session 1's record while requests "
                                      "[2] hold it"), b.release_past
     assert b.release.startswith("I20 (outcome 'ok'); not I4; past what the spec follows"), b
+
+
+@pytest.mark.parametrize("version", [_release("0.5.15"), _release("0.5.19")])
+def test_u1_two_first_turns_finish_on_one_slot(version):
+    """U1 with no slot yet: two turns of one session admitted on fresh rows both finish.
+    The spec stops at the second finish (I2: the slot overwritten with turn 12's row and
+    pages, turn 11's leaked); 0.5.15 shows the same; 0.5.19, whose slot shares one record,
+    fails `assert kv is self.kv` in SessionSlot.save_from_req, and the error names that
+    line although upstream's assert has no message."""
+    from kvcheck.replay import run_replay
+    from kvcheck.trace import load
+    t = load(ROOT / "stateful_tests" / "upstream" / f"u1-two-first-turns-finish-sglang-{version}.json")
+    res = run_replay(t, f"sglang:{version}")
+    b = res.beyond
+    assert res.failure is None and (b.step, b.reason) == (11, "I2"), b
+    assert "slot of session 2 (row-page 1)" in b.details[0] and any(
+        d.startswith("I4 ") and "row 1 is neither free nor held" in d for d in b.details), b.details
+    if version == "0.5.15":
+        assert b.release == "the same", b.release
+    else:
+        assert b.release == ("raised RuntimeError: [sglang-0.5.19] AssertionError (at "
+                             "sglang/srt/session/streaming_session.py:67 in save_from_req: "
+                             "assert kv is self.kv)"), b.release

@@ -32,9 +32,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import traceback
+
+
+def error_text(e: BaseException) -> str:
+    """An exception as the checker reports it: its type and message, and where in sglang
+    it was raised (the innermost frame under `sglang/srt/`, installed or a checkout: file,
+    line, function and source), so that a bare `assert` still names its upstream line."""
+    text = type(e).__name__ + (f": {e}" if str(e) else "")
+    mark = f"{os.sep}sglang{os.sep}srt{os.sep}"
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if mark in f.filename]
+    if frames:
+        f = frames[-1]
+        where = f.filename[f.filename.rindex(mark) + 1:]
+        text += f" (at {where}:{f.lineno} in {f.name}: {(f.line or '').strip()})"
+    return text
 
 
 def _snapshot(backend) -> dict:
@@ -62,7 +77,7 @@ def replay(trace: dict, version: str | None = None) -> tuple[dict, int]:
             outcome = backend.apply(op)
             out["steps"].append({"op": op.to_json(), "outcome": outcome, **_snapshot(backend)})
         except Exception as e:  # the checker reports it as a divergence at this step
-            out["steps"].append({"op": op.to_json(), "error": f"{type(e).__name__}: {e}",
+            out["steps"].append({"op": op.to_json(), "error": error_text(e),
                                  "traceback": traceback.format_exc(limit=8)})
             rc = 3
             break
@@ -132,7 +147,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
             else:
                 reply = {"error": f"unknown command {cmd!r}", "kind": "ProtocolError"}
         except Exception as e:
-            reply = {"error": f"{type(e).__name__}: {e}", "kind": type(e).__name__,
+            reply = {"error": error_text(e), "kind": type(e).__name__,
                      "traceback": traceback.format_exc(limit=8)}
         stdout.write(json.dumps(reply) + "\n")
         stdout.flush()
