@@ -25,7 +25,8 @@ is the checker's job), 3 when an op raised, 2 for an unusable trace or release.
 Every backend made by init or fork is kept under its handle (never reused) until a
 request names it in "drop": [H, ...] (dropped before the request runs); a request without
 "handle" addresses the latest init's backend. Any failure answers
-{"error": "...", "kind": "ExceptionName"}.
+{"error": "...", "kind": "ExceptionName"}; an "error" reads `Type: message (at
+sglang/srt/FILE:LINE in FUNCTION: SOURCE)` where sglang raised it (`error_text`).
 """
 from __future__ import annotations
 
