@@ -86,6 +86,11 @@ RELEASE_SAME = "the same"
 stopped at."""
 
 
+def differ_kind(reason: str, release: Optional[str]) -> str:
+    """`Beyond.kind` from a stop's reason and the release's verdict there."""
+    return reason + ("-raised" if release is not None and release.startswith("raised ") else "")
+
+
 @dataclass
 class Beyond:
     """Under `Config.accept`, where the spec left what the model follows after it took
@@ -113,6 +118,14 @@ class Beyond:
     (`past_model()`) that after the step it is past what the spec follows of it (sglang
     0.5.19-0.5.21's shared session record, R1), which explains the difference: not
     counted as differing, and no trace is written for it."""
+
+    @property
+    def kind(self) -> str:
+        """How differing stops are told apart (the first of each is written as a trace):
+        the spec's reason, with "-raised" where the system under test raised there (a
+        release's own assertion or crash is never hidden behind an earlier stop of the
+        same reason)."""
+        return differ_kind(self.reason, self.release)
 
     @property
     def release_differs(self) -> bool:

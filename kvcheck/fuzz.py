@@ -400,14 +400,14 @@ class _Driver:
         step, did not show what the spec stopped at: its trace (expectation: pass up to the
         stop; `kvcheck replay` prints both sides' verdicts at that step), not a failure."""
         b = raw.beyond
-        if b.reason in self.report.beyond_traces:
+        if b.kind in self.report.beyond_traces:
             return
         meta = {"source": "fuzz", "engine": self.c.engine, "seed": self.c.seed,
                 "round": raw.index, "backend": self.bname, **planted_upstream(self.bname)}
         with self.ints.deferred():
             path = beyond_trace(raw.cfg, raw.ops, b, meta).save(
-                self.out_dir / "beyond" / f"{b.reason}-seed{self.c.seed}-r{raw.index}.json")
-            self.report.beyond_traces[b.reason] = str(path)
+                self.out_dir / "beyond" / f"{b.kind}-seed{self.c.seed}-r{raw.index}.json")
+            self.report.beyond_traces[b.kind] = str(path)
 
     def failure(self, raw: RawFailure) -> None:
         generated = time.monotonic() - self.start

@@ -318,6 +318,16 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
     assert past.release == "I20 (outcome 'ok'); not I22; past what the spec follows of it (R1: test)"
     assert run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, past_at=4),
                    backend_name="upstream").beyond.release == "the same"
+    # a release that raises at the stop is a kind of its own: never hidden behind an
+    # earlier stop of the same reason where it only showed something else
+    class Raises(spec_alone):
+        def apply(self, op):
+            if self.n == 4:
+                raise RuntimeError("[upstream] AssertionError")
+            return super().apply(op)
+    raised = run_ops(U1, U1_THEN_CLOSE, Raises(U1), backend_name="upstream").beyond
+    assert raised.release == "raised RuntimeError: [upstream] AssertionError", raised
+    assert (raised.kind, b.kind, same.beyond.kind) == ("I22-raised", "I22", "I22")
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "upstream" / "u1-prefix-shrank-crash-sglang-0.5.23.json")
     crash = run_ops(t.config, t.ops, spec_alone(t.config), backend_name="upstream")
@@ -326,11 +336,13 @@ def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_a
     stats = Stats()
     stats.record_beyond("I22", 3, "the same"), stats.record_beyond("I17", 2, "I22 (outcome 'ok')")
     stats.record_beyond("I4", 1), stats.record_beyond("I2", 1, "I20 (outcome 'ok'); not I2", past=True)
-    assert (stats.beyond_checked, dict(stats.beyond_differs), stats.beyond_past) == (3, {"I17": 1}, 1)
+    stats.record_beyond("I17", 1, "raised RuntimeError: [upstream] AssertionError")
+    assert (stats.beyond_checked, dict(stats.beyond_differs), stats.beyond_past) == \
+        (4, {"I17": 1, "I17-raised": 1}, 1)
     assert beyond_line(stats.beyond, stats.not_compared, stats.beyond_checked,
                        stats.beyond_differs, stats.beyond_past).endswith(
         "; the system under test, alone at the stop, showed the same in 1, was past what the "
-        "spec follows of it in 1, not in 1 (I17 x1)")
+        "spec follows of it in 1, not in 2 (I17 x1, I17-raised x1)")
 
 
 def test_a_spec_assertion_the_release_does_not_raise_is_said_so(spec_alone, monkeypatch):
@@ -439,3 +451,4 @@ def test_u1_two_first_turns_finish_on_one_slot(version):
         assert b.release == ("raised RuntimeError: [sglang-0.5.19] AssertionError (at "
                              "sglang/srt/session/streaming_session.py:67 in save_from_req: "
                              "assert kv is self.kv)"), b.release
+        assert b.kind == "I2-raised" and b.release_differs

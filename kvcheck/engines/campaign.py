@@ -97,7 +97,7 @@ def _walk_chunk(c: Campaign, start: int, count: int) -> ChunkResult:
             seq = walk(c.seed, i, factory, bname, res.stats, config_kw=kw, skip=skip)
         res.end = i + 1
         b = seq.beyond
-        if b is not None and b.release_differs and all(x.beyond.reason != b.reason
+        if b is not None and b.release_differs and all(x.beyond.kind != b.kind
                                                        for x in res.stops):
             res.stops.append(RawStop(i, seq.cfg, list(seq.ops), b))
         if seq.failure is not None:

@@ -41,8 +41,9 @@ class TransitionReport:
     beyond_same: int = 0               # ... and showed what the spec stopped at
     beyond_past: int = 0               # ... did not, past what the spec follows of it (R1)
     differs: dict = field(default_factory=dict)
-    """Reason -> (operations, `checker.Beyond`) of the first stop of that reason where the
-    backend alone did not show what the spec stopped at: where to look next."""
+    """Kind (`checker.Beyond.kind`: the reason, "-raised" where the backend raised) ->
+    (operations, `checker.Beyond`) of the first stop of that kind where the backend alone
+    did not show what the spec stopped at: where to look next."""
 
     @property
     def rate(self) -> float:
@@ -174,10 +175,11 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
                 rep.beyond_checked += nxt.beyond.release is not None
                 rep.beyond_same += nxt.beyond.release == RELEASE_SAME
                 rep.beyond_past += nxt.beyond.release_past is not None
-                if nxt.beyond.release_differs and nxt.beyond.reason not in rep.differs:
-                    rep.differs[nxt.beyond.reason] = (path + [op], nxt.beyond)
+                kind = nxt.beyond.kind
+                if nxt.beyond.release_differs and kind not in rep.differs:
+                    rep.differs[kind] = (path + [op], nxt.beyond)
                     if differ is not None:
-                        differ(nxt.beyond.reason, path + [op], nxt.beyond)
+                        differ(kind, path + [op], nxt.beyond)
                 if op in tree:
                     rep.beyond_states += subtree_size(children, tree[op])
             elif op in tree:

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
-from kvcheck.checker import RELEASE_SAME
+from kvcheck.checker import RELEASE_SAME, differ_kind
 from spec import ops as O
 from spec.config import Config
 from spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
@@ -423,9 +423,10 @@ class Stats:
     not_compared: int = 0
     beyond_checked: int = 0
     """Of those, the stops where a system under test ran beside the spec (run alone on the
-    stop's step, `checker.Beyond.release`); `beyond_differs`: by reason, the stops where it
-    did not show what the spec stopped at; `beyond_past`: the stops where it did not, but
-    was past what the spec follows of it there (`checker.Beyond.release_past`)."""
+    stop's step, `checker.Beyond.release`); `beyond_differs`: by kind (`checker.Beyond.kind`),
+    the stops where it did not show what the spec stopped at; `beyond_past`: the stops
+    where it did not, but was past what the spec follows of it there
+    (`checker.Beyond.release_past`)."""
     beyond_differs: Counter = field(default_factory=Counter)
     beyond_past: int = 0
 
@@ -444,7 +445,7 @@ class Stats:
             if past:
                 self.beyond_past += 1
             elif release != RELEASE_SAME:
-                self.beyond_differs[reason] += 1
+                self.beyond_differs[differ_kind(reason, release)] += 1
 
     def merge(self, other: "Stats") -> None:
         self.coverage.update(other.coverage)
