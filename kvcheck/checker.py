@@ -86,6 +86,17 @@ RELEASE_SAME = "the same"
 stopped at."""
 
 
+def _shorten(said: str, limit: int = 300) -> str:
+    """An exception's text cut to about `limit` characters, keeping the sglang line it
+    came from (adapters/sglang/run_trace.py `error_text`: "... (at sglang/srt/...)")."""
+    if len(said) <= limit:
+        return said
+    head, sep, at = said.rpartition(" (at sglang/")
+    if not sep:
+        return said[:limit] + "..."
+    return head[:max(limit - len(sep) - len(at), 40)] + "..." + sep + at
+
+
 def differ_kind(reason: str, release: Optional[str]) -> str:
     """`Beyond.kind` from a stop's reason and the release's verdict there."""
     return reason + ("-raised" if release is not None and release.startswith("raised ") else "")
@@ -253,7 +264,7 @@ class Lockstep:
             said = f"{type(e).__name__}: {e}"
             upstream = (b.details[0].split(":", 1)[0] if b.details else "?",) + b.assertions
             b.release = RELEASE_SAME if b.reason == "ModelError" and \
-                any(a in said for a in upstream) else f"raised {said[:300]}"
+                any(a in said for a in upstream) else f"raised {_shorten(said)}"
             return b
         ids = {v.id for v in vs}
         shown = f"{', '.join(sorted(ids)) or 'no violation'} (outcome {out!r})"

@@ -452,3 +452,14 @@ def test_u1_two_first_turns_finish_on_one_slot(version):
                              "sglang/srt/session/streaming_session.py:67 in save_from_req: "
                              "assert kv is self.kv)"), b.release
         assert b.kind == "I2-raised" and b.release_differs
+
+
+def test_a_long_release_error_keeps_the_sglang_line_it_came_from():
+    from kvcheck.checker import _shorten
+    at = " (at sglang/srt/session/streaming_session.py:67 in save_from_req: assert kv is self.kv)"
+    said = "RuntimeError: [sglang-0.5.19] ValueError: " + "x" * 600 + at
+    short = _shorten(said)
+    assert short.endswith("x..." + at) and short.startswith("RuntimeError: [sglang-0.5.19]")
+    assert len(short) <= 300 + len("...")
+    assert _shorten("AssertionError: short") == "AssertionError: short"
+    assert _shorten("E: " + "q" * 400) == "E: " + "q" * 297 + "..."
