@@ -946,7 +946,7 @@ class Result:
     visited: tuple = field(default=(), repr=False)      # (seen set, parents, via)
     op_table: list = field(default_factory=list, repr=False)   # via's operations
     backend_check: str = ""           # `--backend impl`: the transition check's verdict line
-    beyond_traces: dict = field(default_factory=dict)   # reason -> trace of the first stop
+    beyond_traces: dict = field(default_factory=dict)   # kind -> trace of the first stop
                                       # where the backend alone differed (TransitionReport.differs)
 
     def bytes_per_state(self, sample: int = 2000) -> float:
@@ -1439,9 +1439,9 @@ def _check_transitions(res: Result, args, traces: list) -> int:
               f"{el:.0f} s", file=sys.stderr, flush=True)
     meta = {"source": "explore", "scope": res.scope.name}
 
-    def differ(reason, ops, b):     # written as found: an interrupted walk keeps them
-        res.beyond_traces[reason] = str(beyond_trace(res.scope.cfg, ops, b, meta).save(
-            Path(args.out) / "beyond" / f"{reason}-{res.scope.name}.json"))
+    def differ(kind, ops, b):       # written as found: an interrupted walk keeps them
+        res.beyond_traces[kind] = str(beyond_trace(res.scope.cfg, ops, b, meta).save(
+            Path(args.out) / "beyond" / f"{kind}-{res.scope.name}.json"))
     try:
         bname = resolve(args.backend)[1]
         meta.update(backend=bname, **planted_upstream(bname))

@@ -101,11 +101,12 @@ class FuzzReport:
     beyond_checked: int = 0
     beyond_differs: dict = field(default_factory=dict)
     beyond_past: int = 0
-    """Stops where the system under test ran alone on the stop's step, by reason those
-    where it did not show what the spec stopped at (`Stats.beyond_differs`), and those
-    where it did not but was past what the spec follows of it (`Stats.beyond_past`)."""
+    """Stops where the system under test ran alone on the stop's step, by kind
+    (`checker.Beyond.kind`) those where it did not show what the spec stopped at
+    (`Stats.beyond_differs`), and those where it did not but was past what the spec
+    follows of it (`Stats.beyond_past`)."""
     beyond_traces: dict = field(default_factory=dict)
-    """Reason -> the trace of the first such stop (`_Driver.stop`)."""
+    """Kind (`checker.Beyond.kind`) -> the trace of the first such stop (`_Driver.stop`)."""
 
     def render(self) -> str:
         rate = self.steps / self.seconds if self.seconds else 0.0

@@ -122,9 +122,9 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     `Config.accept` they are applied, the spec taking upstream's behaviour, and a
     transition the lockstep finds past the accepted findings' model (`Lockstep.beyond`)
     is not gone on from. `visit(path, lockstep)` is called at every state the walk
-    reaches (tests); `differ(reason, ops, beyond)` at the first stop of each reason where
-    the backend alone differed (`rep.differs`), as it is found, so that what it writes
-    outlasts an interrupted walk."""
+    reaches (tests); `differ(kind, ops, beyond)` at the first stop of each kind
+    (`checker.Beyond.kind`) where the backend alone differed (`rep.differs`), as it is
+    found, so that what it writes outlasts an interrupted walk."""
     from kvcheck.backends import known_findings, release_refusal, resolve
     from kvcheck.checker import RELEASE_SAME, Lockstep
     from kvcheck.explore import candidate_ops

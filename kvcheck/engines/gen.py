@@ -490,8 +490,9 @@ def beyond_line(beyond: dict, not_compared: int, checked: int = 0,
 
 
 def differed_lines(traces: dict, indent: str = "    ") -> list:
-    """One line per reason naming the trace of the first stop where the system under test,
-    alone at the stop, did not show what the spec stopped at (reason -> path)."""
+    """One line per kind (`checker.Beyond.kind`) naming the trace of the first stop where
+    the system under test, alone at the stop, did not show what the spec stopped at
+    (kind -> path)."""
     return [f"{indent}where it differed ({reason}), the first: kvcheck replay {path}"
             for reason, path in sorted(traces.items())]
 
