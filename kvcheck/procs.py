@@ -45,12 +45,20 @@ class WorkerPool:
         return list(done), list(rest)
 
     def shutdown(self) -> None:
+        """Stop every worker now, and the executor's manager thread with them. That thread
+        closes its wake-up pipe once it sees the workers gone; left running, it races the
+        interpreter's exit hook (`concurrent.futures.process._python_exit`), which writes
+        to that pipe unlocked: `OSError: [Errno 9] Bad file descriptor` after the command's
+        last line."""
         procs = list((getattr(self.pool, "_processes", None) or {}).values())
+        manager = getattr(self.pool, "_executor_manager_thread", None)
         self.pool.shutdown(wait=False, cancel_futures=True)
         for p in procs:             # a running task is not waited for
             p.terminate()
         for p in procs:
             p.join(5)
+        if manager is not None:
+            manager.join(5)
 
 
 def check_worker(compiled: bool = False) -> None:
