@@ -1,4 +1,6 @@
 # kvcheck: every target creates and reuses .venv, so a fresh machine needs only python3 and make.
+# pip installs with --no-compile: Python compiles a module when it is first imported, so the
+# thousands of installed files nothing imports (most of torch, ray, z3's) are never compiled.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -28,8 +30,8 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 check: $(STAMP)
