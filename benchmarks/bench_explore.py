@@ -26,6 +26,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
 from kvcheck import explore as E
 from kvcheck.fast_invariants import state_clean
@@ -233,12 +234,14 @@ from kvcheck.compiled import is_compiled
 from benchmarks.bench_explore import frontier_bytes
 sc = E.PRESETS[sys.argv[2]][0]
 max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
+frontier_states = E.FRONTIER_STATES if sys.argv[5] == "default" else int(sys.argv[5])
 rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
 def tick(res, depth, nxt, el):
     windows.append((time.process_time(), res.states))
 c0, w0 = time.process_time(), time.perf_counter()
-r = E.explore(sc, max_states=max_states, max_seconds=max_seconds, progress=tick, progress_every=15)
+r = E.explore(sc, max_states=max_states, max_seconds=max_seconds, progress=tick, progress_every=15,
+              frontier_states=frontier_states)
 cpu, wall, peak = time.process_time() - c0, time.perf_counter() - w0, rss()
 windows.append((time.process_time(), r.states))
 t = time.perf_counter()
@@ -249,6 +252,7 @@ print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions":
                   "cpu_s": cpu, "wall_s": wall, "load": [load0, load1], "rss0": rss0,
                   "peak_rss": peak, "visited_bytes": visited, "levels": r.level_sizes,
                   "complete_depth": r.complete_depth, "stopped": r.stopped,
+                  "frontier_states": frontier_states,
                   "violations": [v.id for v in r.violations], "windows": windows,
                   "frontier_bytes": frontier_bytes(sc, min(r.complete_depth, 11))}))
 """
@@ -273,8 +277,10 @@ def frontier_bytes(sc, depth: int) -> tuple:
     return len(level), total / max(len(level), 1)
 
 
-def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=print) -> dict:
-    """One search of `sc` in a fresh process (compiled: on this tree's Cython build), with
+def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=print,
+               frontier_states: Optional[int] = None) -> dict:
+    """One search of `sc` in a fresh process (compiled: on this tree's Cython build;
+    frontier_states: the search's, default `explore.FRONTIER_STATES`), with
     its CPU seconds, peak RSS, the visited set's and the frontier's bytes per state, the
     level sizes, and the rate in 15-second windows (does a state cost more deeper?)."""
     import json
@@ -285,7 +291,8 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
     if compiled:
         C.check_build()
     p = subprocess.run([sys.executable, "-c", MEMORY_RUN, "compiled" if compiled else "interpreted",
-                        sc.name, str(max_states or 0), str(max_seconds or 0)], cwd=C.ROOT,
+                        sc.name, str(max_states or 0), str(max_seconds or 0),
+                        "default" if frontier_states is None else str(frontier_states)], cwd=C.ROOT,
                        env=dict(os.environ, PYTHONPATH=str(C.ROOT)), capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"the run failed: {p.stderr.strip()[-600:]}")
@@ -294,7 +301,8 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
     out(f"{sc.name} ({'compiled' if d['compiled'] else 'interpreted'}): {d['states']:,} states, "
         f"{d['transitions']:,} transitions, {d['cpu_s']:.1f} CPU-s ({d['states'] / d['cpu_s']:,.0f} "
         f"states/CPU-s), wall {d['wall_s']:.1f} s, load average {d['load'][0]:.1f} -> "
-        f"{d['load'][1]:.1f}; stopped: {d['stopped']}; violations: {d['violations'] or 'none'}")
+        f"{d['load'][1]:.1f}; stopped: {d['stopped']}; violations: {d['violations'] or 'none'}; "
+        f"levels over {d['frontier_states']:,} states rebuilt, not kept")
     out(f"  levels {d['levels']} (complete to depth {d['complete_depth']})")
     w = d["windows"]
     out("  states/CPU-s by 15 s window (the last one: to the search's return, the frontier "
@@ -325,12 +333,16 @@ def main(argv=None) -> int:
                          "(with --compiled: the Cython build; bounded by the two flags below)")
     ap.add_argument("--max-states", type=int)
     ap.add_argument("--max-seconds", type=float)
+    ap.add_argument("--frontier-states", type=int,
+                    help="with --memory: levels of more states are rebuilt by re-execution, not "
+                         "kept (default: the explorer's)")
     args = ap.parse_args(argv)
     sc = E.PRESETS[args.preset][0]
     if args.max_depth is not None:
         sc = replace(sc, max_depth=args.max_depth)
     if args.memory:
-        memory_run(sc, args.max_states, args.max_seconds, args.compiled)
+        memory_run(sc, args.max_states, args.max_seconds, args.compiled,
+                   frontier_states=args.frontier_states)
         return 0
     if args.against:
         scopes = [sc] if not args.all_scopes else [

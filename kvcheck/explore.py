@@ -28,6 +28,7 @@ import itertools
 import sys
 import time
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -943,6 +944,8 @@ class Result:
     reached: dict = field(default_factory=dict)           # situation id -> depth
     violations: list = field(default_factory=list)        # Found, first per id
     level_sizes: list = field(default_factory=list)
+    rebuilt_levels: list = field(default_factory=list)    # depths not kept (frontier_states)
+    frontier_states: Optional[int] = None
     visited: tuple = field(default=(), repr=False)      # (seen set, parents, via)
     op_table: list = field(default_factory=list, repr=False)   # via's operations
     backend_check: str = ""           # `--backend impl`: the transition check's verdict line
@@ -989,6 +992,41 @@ def _deep_size(x, _seen=None) -> int:
     return n
 
 
+FRONTIER_STATES = 250_000
+"""`_search`'s default: a level of more states is rebuilt by re-execution, not kept
+(about 1.5 GB a level kept; the nightly's levels pass it from depth 16)."""
+
+
+def _level_states(s0: State, d: int, starts: list, parents: array, via: array,
+                  op_table: list):
+    """The states of BFS level d, in index order, as (index, state, None): rebuilt by
+    re-executing the parent links from the initial state s0, depth first (only the path
+    and its siblings are held). Breadth-first search gives every state a higher index
+    than its parent and the children of one parent consecutive indices, in the parents'
+    order, so a level's parent links are sorted and a node's children are found by
+    bisection; `starts[k]` is the first index of level k. A child with no children of
+    its own above level d is not rebuilt. Re-execution is exact: a step is a function of
+    its state and op, and the op is the one that first reached the state."""
+    if d == 0:
+        yield 0, s0, None
+        return
+    step = M.step
+    stack = [(0, s0, 0)]
+    while stack:
+        i, s, k = stack.pop()
+        lo = bisect_left(parents, i, starts[k + 1], starts[k + 2])
+        hi = bisect_right(parents, i, lo, starts[k + 2])
+        if k + 1 == d:
+            for j in range(lo, hi):
+                yield j, step(s, op_table[via[j]], True)[0], None
+            continue
+        below, end = starts[k + 2], starts[k + 3]
+        for j in range(hi - 1, lo - 1, -1):     # popped in index order
+            c = bisect_left(parents, j, below, end)
+            if c < end and parents[c] == j:
+                stack.append((j, step(s, op_table[via[j]], True)[0], k + 1))
+
+
 def reachable_states(sc: Scope, symmetric: bool = True) -> list:
     """Every distinct state of the scope within its depth bound, level by level, the
     initial state first: a plain breadth-first walk (no invariants, no bookkeeping) for
@@ -1029,7 +1067,8 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             max_states: Optional[int] = None, max_seconds: Optional[float] = None,
             check: bool = True, progress: Optional[Callable] = None,
             progress_every: float = 2.0, prefilter: bool = True,
-            fingerprints: bool = True, fast_invariants: bool = True) -> Result:
+            fingerprints: bool = True, fast_invariants: bool = True,
+            frontier_states: Optional[int] = FRONTIER_STATES) -> Result:
     """Breadth-first search over the scope. Stops at the first violation unless
     all_violations (then it records the first, shortest, trace per violation id and does
     not expand violating states).
@@ -1053,10 +1092,16 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     is a leaf): the spec follows upstream's recorded behaviour there, and the transition
     check's lockstep (kvcheck/engines/exhaustive.py) judges every step, telling a path
     past the accepted findings' model (it stops comparing there) from a defect of the
-    spec (reported, as always)."""
+    spec (reported, as always).
+
+    The frontier: a level of up to `frontier_states` states is kept as State objects
+    (about 6 KB each, shared entities divided); a larger one is not kept at all, and its
+    states are rebuilt when the level is expanded by re-executing the parent links from
+    the initial state (`_level_states`), so that memory stays at the visited set's bytes
+    per state (None: always kept; 0: never). Both give the same search, state for state."""
     cfg = sc.cfg
     check = check and not cfg.accept
-    res = Result(sc, symmetric)
+    res = Result(sc, symmetric, frontier_states=frontier_states)
     prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
     fast = fast_invariants and applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
     t0 = time.perf_counter()
@@ -1079,6 +1124,8 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             return res
     pending_sits = [x for x in SITUATIONS if x.applies(cfg)]
     frontier = [(0, s0, a0)]
+    level_n = 1                         # states in the level being expanded
+    starts = [0, 1]                     # index of each level's first state, and the end
     depth = 0
     next_progress = t0 + progress_every
     found_ids = set()
@@ -1096,10 +1143,11 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     op_counts, outcome_counts = res.op_counts, res.outcome_counts
     op_first, outcome_first = res.op_first, res.outcome_first
     step, enabled_ops = M.step, candidate_ops
-    while frontier and not stop:
+    while level_n and not stop:
         if depth >= sc.max_depth or stop_at_level_end:
             break
-        nxt = []
+        nxt = []                        # None once the level outgrows frontier_states
+        nxt_n = 0
         d1 = depth + 1
         for idx, s, a in frontier:
             for op in enabled_ops(s, sc, symmetric):
@@ -1181,7 +1229,12 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                     k = op_index[op] = len(op_table)
                     op_table.append(op)
                 via.append(k)
-                nxt.append((n, s2, None))     # its abstract view: built when needed
+                nxt_n += 1
+                if nxt is not None:
+                    if frontier_states is None or nxt_n <= frontier_states:
+                        nxt.append((n, s2, None))     # its abstract view: built when needed
+                    else:
+                        nxt = None      # rebuilt from the parent links when expanded
                 res.states += 1
                 if max_states is not None and res.states >= max_states:
                     res.stopped = f"state budget {max_states} reached"
@@ -1191,7 +1244,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
                 now = time.perf_counter()
                 if now >= next_progress:
                     next_progress = now + progress_every
-                    progress(res, depth, len(nxt), now - t0)
+                    progress(res, depth, nxt_n, now - t0)
             if stop:
                 break
             if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
@@ -1201,11 +1254,17 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
         if not stop:
             res.complete_depth = depth
         depth = d1
-        if nxt:
+        starts.append(len(parents))
+        if nxt_n:
             res.max_depth = depth
-            res.level_sizes.append(len(nxt))
-        frontier = nxt
-    if not frontier and not stop:
+            res.level_sizes.append(nxt_n)
+        level_n = nxt_n
+        if nxt is None:
+            res.rebuilt_levels.append(depth)
+            frontier = _level_states(s0, depth, starts, parents, via, op_table)
+        else:
+            frontier = nxt
+    if not level_n and not stop:
         res.exhausted = True
     if stop_at_level_end and not res.stopped:
         res.stopped = "first violation found (an exception in the step; level finished)"
@@ -1242,6 +1301,9 @@ def report(res: Result, out=None) -> None:
           "parent links)")
     w(f"  coverage: {cover}")
     w(f"  states per depth: {res.level_sizes}")
+    if res.rebuilt_levels:
+        w(f"  depths not kept in memory (over {res.frontier_states:,} states; rebuilt by "
+          f"re-execution where expanded): {res.rebuilt_levels}")
     w("  operations (transitions taken; first depth; outcomes):")
     for name in O.OP_NAMES:
         na = _op_applies(name, cfg)
@@ -1356,6 +1418,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="keep going after a violation: the shortest trace per invariant")
     b.add_argument("--max-states", type=T.positive_int, help="stop cleanly after this many states")
     b.add_argument("--max-seconds", type=T.positive_float, help="stop cleanly after this many seconds")
+    b.add_argument("--frontier-states", type=T.nonnegative_int, default=FRONTIER_STATES,
+                   metavar="N", help="a BFS level of more than N states is not kept in memory "
+                   "but rebuilt by re-executing the parent links when it is expanded (about "
+                   "10%% more CPU on such a level; 0: never kept, then the whole search holds "
+                   "about 100 bytes a state); default %(default)s (about 1.5 GB a level)")
     b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
     b.add_argument("--out", type=T.writable_dir, default=PROJECT / "failures" / "explore",
                    help="directory for counterexample traces")
@@ -1511,7 +1578,8 @@ def run_scope(sc: Scope, args) -> tuple:
     rc, traces = 0, []
     prog = None if getattr(args, "quiet", False) else _progress
     kw = dict(all_violations=args.all_violations, max_states=args.max_states,
-              max_seconds=args.max_seconds, check=not args.no_check, progress=prog)
+              max_seconds=args.max_seconds, check=not args.no_check, progress=prog,
+              frontier_states=getattr(args, "frontier_states", FRONTIER_STATES))
     if sc.cfg.accept:
         print(f"[{sc.name}] --accept {','.join(sc.cfg.accept)}: the spec takes upstream's "
               f"behaviour there; the invariants are judged on every transition against "

@@ -300,3 +300,69 @@ def test_tree_key_memo_matches_a_fresh_key(preset):
                 s2.nodes._memo = None
                 assert k == E.state_key(s2, sym), op
     assert reused > 500
+
+
+def _search_record(r) -> tuple:
+    """Everything a search decides: its counts, levels, visited set and parent links,
+    violations with their traces, goals reached."""
+    return (r.states, r.transitions, r.level_sizes, r.complete_depth, r.exhausted, r.stopped,
+            r.visited[0], list(r.visited[1]), list(r.visited[2]), [str(o) for o in r.op_table],
+            [(v.id, v.depth, [str(o) for o in v.ops]) for v in r.violations],
+            r.reached, dict(r.op_counts), dict(r.outcome_counts))
+
+
+@pytest.mark.parametrize("scope", [TINY, E.preset_scope("hybrid", "check-hybrid"),
+                                   E.preset_scope("mamba-tree", "mamba-tree"),
+                                   replace(E.preset_scope("check", "check-overlap"), max_depth=9)],
+                         ids=lambda sc: sc.name)
+def test_a_frontier_rebuilt_by_re_execution_gives_the_same_search(scope):
+    """A level over `frontier_states` is not kept but rebuilt from the parent links when
+    it is expanded (`_level_states`): never kept (0), kept until a level passes 40 states
+    (the switch in the middle of a level) and always kept (None) give the same states,
+    transitions, parent links, goals and violations."""
+    kept = _search_record(E.explore(scope, frontier_states=None))
+    assert kept[0] > 400
+    for budget in (0, 40):
+        assert _search_record(E.explore(scope, frontier_states=budget)) == kept, budget
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_a_rebuilt_frontier_finds_the_same_violations(defect, monkeypatch):
+    monkeypatch.setattr(M, *DEFECTS[defect])
+    for first_only in (True, False):
+        kept = E.explore(TINY, frontier_states=None, all_violations=not first_only)
+        assert kept.violations
+        assert (_search_record(E.explore(TINY, frontier_states=0, all_violations=not first_only))
+                == _search_record(kept))
+
+
+def test_a_level_is_rebuilt_state_for_state():
+    """Each rebuilt state of every level has the key of the state the search kept there."""
+    sc = replace(E.preset_scope("check", "check-overlap"), max_depth=7)
+    states = E.reachable_states(sc)
+    r = E.explore(sc, frontier_states=None, check=False)
+    assert r.states == len(states)
+    _, parents, via = r.visited
+    starts = [0]
+    for n in r.level_sizes:
+        starts.append(starts[-1] + n)
+    s0 = M.initial_state(sc.cfg)
+    for d in range(len(r.level_sizes)):
+        rebuilt = list(E._level_states(s0, d, starts, parents, via, r.op_table))
+        assert [i for i, _, _ in rebuilt] == list(range(starts[d], starts[d + 1]))
+        assert [E.state_key(s) for _, s, _ in rebuilt] == [E.state_key(s) for s in states[starts[d]:starts[d + 1]]]
+
+
+def test_explore_frontier_states_flag(tmp_path, capsys, monkeypatch):
+    """`kvcheck explore --frontier-states N` reaches the search: 0 rebuilds every level
+    past the first, the default keeps tiny's small levels."""
+    rebuilt = []
+    real = E._level_states
+    monkeypatch.setattr(E, "_level_states", lambda s0, d, *a: rebuilt.append(d) or real(s0, d, *a))
+    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 0
+    assert rebuilt == []
+    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path, frontier_states=0)) == 0
+    assert rebuilt == list(range(1, TINY.max_depth + 1))
+    out = capsys.readouterr().out
+    assert "no violation" in out
+    assert f"depths not kept in memory (over 0 states; rebuilt by re-execution where expanded): {rebuilt}" in out
