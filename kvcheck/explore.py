@@ -1551,7 +1551,14 @@ def _write_trace(trace, path: Path, backend: str) -> Path:
 def _progress(res: Result, depth: int, nxt: int, el: float) -> None:
     print(f"[explore {res.scope.name}] depth {depth + 1}: {res.states} states "
           f"({res.states / el:,.0f}/s), {res.transitions} transitions, next level {nxt}, "
-          f"{el:.0f} s", file=sys.stderr, flush=True)
+          f"{el:.0f} s, peak RSS {_peak_rss_mib():,.0f} MiB", file=sys.stderr, flush=True)
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+    import resource
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1 << 20 if sys.platform == "darwin" else 1 << 10)
 
 
 def main(args) -> int:

@@ -366,3 +366,16 @@ def test_explore_frontier_states_flag(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "no violation" in out
     assert f"depths not kept in memory (over 0 states; rebuilt by re-execution where expanded): {rebuilt}" in out
+
+
+def test_the_progress_line_says_the_peak_memory(capsys):
+    """A long run's progress line names the process's peak RSS in MiB (Linux's ru_maxrss
+    is KiB: read as bytes or as MiB the figure would be off by 1024)."""
+    import resource
+    res = E.explore(TINY, max_states=50)
+    E._progress(res, 3, 7, 1.5)
+    line = capsys.readouterr().err
+    assert line.startswith("[explore tiny] depth 4: 50 states (33/s), ")
+    mib = float(line.split("peak RSS ")[1].split(" MiB")[0].replace(",", ""))
+    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert 20 < mib < 100_000 and abs(mib - kib / 1024) < 64
