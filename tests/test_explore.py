@@ -311,9 +311,9 @@ def _search_record(r) -> tuple:
             r.reached, dict(r.op_counts), dict(r.outcome_counts))
 
 
-@pytest.mark.parametrize("scope", [TINY, E.preset_scope("hybrid", "check-hybrid"),
-                                   E.preset_scope("mamba-tree", "mamba-tree"),
-                                   replace(E.preset_scope("check", "check-overlap"), max_depth=9)],
+@pytest.mark.parametrize("scope", [TINY, replace(E.preset_scope("hybrid", "check-hybrid"), max_depth=7),
+                                   replace(E.preset_scope("mamba-tree", "mamba-tree"), max_depth=6),
+                                   replace(E.preset_scope("check", "check-overlap"), max_depth=7)],
                          ids=lambda sc: sc.name)
 def test_a_frontier_rebuilt_by_re_execution_gives_the_same_search(scope):
     """A level over `frontier_states` is not kept but rebuilt from the parent links when
