@@ -13,10 +13,12 @@ import pytest
 from kvcheck.coverage import BASELINE, CoverageReport, file_coverage, reached, sglang_report
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["--examples", "30", "--rounds", "0", "--brief"]
-"""The baseline's plan: both corpora and a 30-sequence differential run (about 20 s).
-Rewrite the baseline after a deliberate change with
-`kvcheck coverage --examples 30 --rounds 0 --brief --reached tests/coverage_baseline.json`."""
+QUICK = ["--examples", "30", "--rounds", "0", "--no-exhaustive", "--brief"]
+"""The baseline's plan: both corpora and a 30-sequence differential run (about 10 s).
+`kvcheck coverage`'s exhaustive differential (check-impl, every transition: 36 of the 44 s
+the plan took with it) reaches no baseline branch the others miss (715 of 715 without it),
+so it is left out. Rewrite the baseline after a deliberate change with `kvcheck coverage
+--examples 30 --rounds 0 --no-exhaustive --brief --reached tests/coverage_baseline.json`."""
 
 
 def kvcheck(*args, timeout=600):
