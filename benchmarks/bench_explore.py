@@ -225,7 +225,7 @@ def against(rev: str, scopes, rounds: int, compiled: bool, out=print) -> dict:
 
 
 MEMORY_RUN = """
-import gc, json, os, resource, sys, time
+import gc, json, os, sys, time
 if sys.argv[1] == "compiled":
     from kvcheck.compiled import activate
     activate()
@@ -235,7 +235,7 @@ from benchmarks.bench_explore import frontier_bytes
 sc = E.PRESETS[sys.argv[2]][0]
 max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
 frontier_states = E.FRONTIER_STATES if sys.argv[5] == "default" else int(sys.argv[5])
-rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss = E.peak_rss
 rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
 def tick(res, depth, nxt, el):
     windows.append((time.process_time(), res.states))
@@ -254,7 +254,8 @@ print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions":
                   "complete_depth": r.complete_depth, "stopped": r.stopped,
                   "frontier_states": frontier_states,
                   "violations": [v.id for v in r.violations], "windows": windows,
-                  "frontier_bytes": frontier_bytes(sc, min(r.complete_depth, 11))}))
+                  "frontier_bytes": (frontier_bytes(sc, min(r.complete_depth, 11))
+                                     if sys.argv[6] == "frontier-bytes" else None)}))
 """
 
 
@@ -278,9 +279,10 @@ def frontier_bytes(sc, depth: int) -> tuple:
 
 
 def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=print,
-               frontier_states: Optional[int] = None) -> dict:
+               frontier_states: Optional[int] = None, frontier_size: bool = True) -> dict:
     """One search of `sc` in a fresh process (compiled: on this tree's Cython build;
-    frontier_states: the search's, default `explore.FRONTIER_STATES`), with
+    frontier_states: the search's, default `explore.FRONTIER_STATES`; frontier_size: also
+    size a frontier state, a second walk of the scope), with
     its CPU seconds, peak RSS, the visited set's and the frontier's bytes per state, the
     level sizes, and the rate in 15-second windows (does a state cost more deeper?)."""
     import json
@@ -292,7 +294,8 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
         C.check_build()
     p = subprocess.run([sys.executable, "-c", MEMORY_RUN, "compiled" if compiled else "interpreted",
                         sc.name, str(max_states or 0), str(max_seconds or 0),
-                        "default" if frontier_states is None else str(frontier_states)], cwd=C.ROOT,
+                        "default" if frontier_states is None else str(frontier_states),
+                        "frontier-bytes" if frontier_size else "-"], cwd=C.ROOT,
                        env=dict(os.environ, PYTHONPATH=str(C.ROOT)), capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"the run failed: {p.stderr.strip()[-600:]}")
@@ -309,11 +312,12 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
         "freed): " + ", ".join(
         f"{(b[1] - a[1]) / max(b[0] - a[0], 1e-9):,.0f}@{b[1] // 1000}k" for a, b in zip(w, w[1:])
         if b[0] - a[0] > 1))
-    n, fb = d["frontier_bytes"]
+    fb = ("" if d["frontier_bytes"] is None else
+          "; a frontier state {1:,.0f} bytes (the {0:,} states of one level, shared entities "
+          "counted once)".format(*d["frontier_bytes"]))
     out(f"  peak RSS {d['peak_rss'] / mb:,.0f} MiB (at start {d['rss0'] / mb:,.0f} MiB): "
         f"{(d['peak_rss'] - d['rss0']) / d['states']:,.0f} bytes per distinct state; visited set "
-        f"{d['visited_bytes']:,.0f} bytes per state; a frontier state {fb:,.0f} bytes (the "
-        f"{n:,} states of one level, shared entities counted once)")
+        f"{d['visited_bytes']:,.0f} bytes per state{fb}")
     out(f"  a million states at this rate: {1e6 * d['cpu_s'] / d['states']:,.0f} CPU-s")
     return d
 

@@ -2,7 +2,8 @@
 (python -m benchmarks.summary [--quick] [--force] [--parts explore,fuzz,detect,scale,check]).
 
   explore  distinct states per CPU-second on check-overlap, the old explorer vs the new
-           one (same scope, same state count), and the visited set's bytes per state
+           one (same scope, same state count), the visited set's bytes per state, and
+           the whole search's on the nightly preset, levels kept vs rebuilt
   fuzz     spec+impl steps per CPU-second, Hypothesis machine vs walk engine
   detect   seconds to the first report per planted fault, both engines
   scale    1 worker vs 2 worker processes: wall speedup and steps per CPU-second, with
@@ -49,7 +50,29 @@ def explore_rows(quick: bool) -> list:
         ("explore: new explorer, states/CPU-s", f"{new.states / t_new:,.0f}  (x{t_old / t_new:.2f})"),
         ("explore: visited set, bytes/state old -> new",
          f"{old.bytes_per_state():,.0f} -> {new.bytes_per_state():,.0f}"),
-    ] + _before_rows(sc, new, t_new) + _compiled_row(sc, new, t_old)
+    ] + _before_rows(sc, new, t_new) + _compiled_row(sc, new, t_old) + _memory_rows(quick)
+
+
+def _memory_rows(quick: bool) -> list:
+    """The whole search's memory per distinct state on the nightly preset (one fresh
+    process each, the Cython build when it is current): every BFS level kept against
+    every level rebuilt from the parent links (`--frontier-states 0`)."""
+    from benchmarks.bench_explore import memory_run
+    from kvcheck import compiled as C
+    from kvcheck import explore as E
+    try:
+        C.check_build()
+        built = True
+    except C.NotBuilt:
+        built = False
+    sc, n = E.PRESETS["nightly"][0], (5_000 if quick else 100_000)
+    runs = {fs: memory_run(sc, n, 0, built, frontier_states=fs, frontier_size=False)
+            for fs in (None, 0)}
+    per = {fs: (d["peak_rss"] - d["rss0"]) / d["states"] for fs, d in runs.items()}
+    cpu = {fs: d["cpu_s"] for fs, d in runs.items()}
+    return [(f"explore: nightly, {n:,} states, peak RSS bytes/state (levels kept -> rebuilt)",
+             f"{per[None]:,.0f} -> {per[0]:,.0f}; CPU x{cpu[0] / cpu[None]:.2f}"
+             f"{'' if built else ' (interpreted: no current Cython build)'}")]
 
 
 def _before_rows(sc, new, t_new) -> list:

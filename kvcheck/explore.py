@@ -1551,14 +1551,24 @@ def _write_trace(trace, path: Path, backend: str) -> Path:
 def _progress(res: Result, depth: int, nxt: int, el: float) -> None:
     print(f"[explore {res.scope.name}] depth {depth + 1}: {res.states} states "
           f"({res.states / el:,.0f}/s), {res.transitions} transitions, next level {nxt}, "
-          f"{el:.0f} s, peak RSS {_peak_rss_mib():,.0f} MiB", file=sys.stderr, flush=True)
+          f"{el:.0f} s, peak RSS {peak_rss() / (1 << 20):,.0f} MiB", file=sys.stderr, flush=True)
 
 
-def _peak_rss_mib() -> float:
-    """This process's peak resident memory (Linux reports KiB, macOS bytes)."""
+def peak_rss() -> int:
+    """This process's peak resident memory in bytes: Linux's VmHWM, the high-water mark of
+    this program's own memory (getrusage's ru_maxrss also keeps the peak of the process
+    before an exec: a run started from a large parent, e.g. pytest, reports the parent's
+    size); elsewhere ru_maxrss (KiB on Linux, bytes on macOS)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1 << 20 if sys.platform == "darwin" else 1 << 10)
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 def main(args) -> int:

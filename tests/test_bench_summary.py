@@ -13,3 +13,7 @@ def test_summary_compares_old_and_new_explorer_on_the_same_states(capsys, monkey
     assert "old explorer, states/CPU-s" in table and "new explorer, states/CPU-s" in table
     assert "NOT THE SAME" not in table
     assert "scale: 1 vs 2 workers" in table and "not measured" in table
+    # the whole search's memory per state, every level kept vs every level rebuilt
+    row = next(line for line in table.splitlines() if "peak RSS bytes/state" in line)
+    kept, rebuilt = (int(x.replace(",", "")) for x in row.split("rebuilt)")[1].split(";")[0].split("->"))
+    assert 0 < rebuilt < kept / 4, row

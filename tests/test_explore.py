@@ -369,13 +369,34 @@ def test_explore_frontier_states_flag(tmp_path, capsys, monkeypatch):
 
 
 def test_the_progress_line_says_the_peak_memory(capsys):
-    """A long run's progress line names the process's peak RSS in MiB (Linux's ru_maxrss
-    is KiB: read as bytes or as MiB the figure would be off by 1024)."""
-    import resource
+    """A long run's progress line names the process's peak RSS in MiB."""
     res = E.explore(TINY, max_states=50)
     E._progress(res, 3, 7, 1.5)
     line = capsys.readouterr().err
     assert line.startswith("[explore tiny] depth 4: 50 states (33/s), ")
     mib = float(line.split("peak RSS ")[1].split(" MiB")[0].replace(",", ""))
-    kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    assert 20 < mib < 100_000 and abs(mib - kib / 1024) < 64
+    assert 20 < mib < 100_000 and abs(mib - E.peak_rss() / (1 << 20)) < 64
+
+
+PEAK = """
+import sys
+from kvcheck.explore import peak_rss
+a = peak_rss()
+b = bytearray(200 << 20)            # touched: 200 MiB resident
+print(a >> 20, peak_rss() >> 20)
+"""
+
+
+def test_peak_rss_is_this_programs_own_and_in_bytes():
+    """`peak_rss` (the progress line, `bench_explore --memory`) counts what this program
+    holds, in bytes: a child started from this large test process begins small (Linux's
+    ru_maxrss would begin at the parent's size), and 200 MiB it allocates show as 200."""
+    import subprocess
+    import sys
+    ballast = bytearray(300 << 20)      # this process: over 300 MiB resident
+    p = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True,
+                       cwd=E.PROJECT, timeout=120)
+    del ballast
+    assert p.returncode == 0, p.stderr
+    before, after = map(int, p.stdout.split())
+    assert before < 250 and 190 <= after - before <= 260, (before, after)
