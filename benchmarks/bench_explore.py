@@ -234,7 +234,7 @@ from kvcheck.compiled import is_compiled
 from benchmarks.bench_explore import frontier_bytes
 sc = E.PRESETS[sys.argv[2]][0]
 max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
-frontier_states = E.FRONTIER_STATES if sys.argv[5] == "default" else int(sys.argv[5])
+frontier_states = None if sys.argv[5] == "none" else int(sys.argv[5])
 rss = E.peak_rss
 rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
 def tick(res, depth, nxt, el):
@@ -279,9 +279,10 @@ def frontier_bytes(sc, depth: int) -> tuple:
 
 
 def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=print,
-               frontier_states: Optional[int] = None, frontier_size: bool = True) -> dict:
+               frontier_states: Optional[int] = E.FRONTIER_STATES,
+               frontier_size: bool = True) -> dict:
     """One search of `sc` in a fresh process (compiled: on this tree's Cython build;
-    frontier_states: the search's, default `explore.FRONTIER_STATES`; frontier_size: also
+    frontier_states: as `explore`'s, None every level kept; frontier_size: also
     size a frontier state, a second walk of the scope), with
     its CPU seconds, peak RSS, the visited set's and the frontier's bytes per state, the
     level sizes, and the rate in 15-second windows (does a state cost more deeper?)."""
@@ -294,7 +295,7 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
         C.check_build()
     p = subprocess.run([sys.executable, "-c", MEMORY_RUN, "compiled" if compiled else "interpreted",
                         sc.name, str(max_states or 0), str(max_seconds or 0),
-                        "default" if frontier_states is None else str(frontier_states),
+                        "none" if frontier_states is None else str(frontier_states),
                         "frontier-bytes" if frontier_size else "-"], cwd=C.ROOT,
                        env=dict(os.environ, PYTHONPATH=str(C.ROOT)), capture_output=True, text=True)
     if p.returncode != 0:
@@ -305,7 +306,8 @@ def memory_run(sc, max_states: int, max_seconds: float, compiled: bool, out=prin
         f"{d['transitions']:,} transitions, {d['cpu_s']:.1f} CPU-s ({d['states'] / d['cpu_s']:,.0f} "
         f"states/CPU-s), wall {d['wall_s']:.1f} s, load average {d['load'][0]:.1f} -> "
         f"{d['load'][1]:.1f}; stopped: {d['stopped']}; violations: {d['violations'] or 'none'}; "
-        f"levels over {d['frontier_states']:,} states rebuilt, not kept")
+        + ("every level kept" if d["frontier_states"] is None
+           else f"levels over {d['frontier_states']:,} states rebuilt, not kept"))
     out(f"  levels {d['levels']} (complete to depth {d['complete_depth']})")
     w = d["windows"]
     out("  states/CPU-s by 15 s window (the last one: to the search's return, the frontier "
@@ -337,9 +339,9 @@ def main(argv=None) -> int:
                          "(with --compiled: the Cython build; bounded by the two flags below)")
     ap.add_argument("--max-states", type=int)
     ap.add_argument("--max-seconds", type=float)
-    ap.add_argument("--frontier-states", type=int,
+    ap.add_argument("--frontier-states", type=int, default=E.FRONTIER_STATES,
                     help="with --memory: levels of more states are rebuilt by re-execution, not "
-                         "kept (default: the explorer's)")
+                         "kept (default: the explorer's, %(default)s)")
     args = ap.parse_args(argv)
     sc = E.PRESETS[args.preset][0]
     if args.max_depth is not None:
