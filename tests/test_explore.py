@@ -46,8 +46,9 @@ def _find_popping_slot(s, req):
     return slot
 
 
-def _abort_req_unconditional(s, sid, req):
-    """Session.abort_req clears _inflight whoever the request is (hazard H3)."""
+def _abort_req_unconditional(s, sid, req, unconditional=False):
+    """Session.abort_req clears _inflight whoever the request is (hazard H3), as upstream
+    does (the model's `unconditional`, on for any caller)."""
     sess = s.sessions.get(sid)
     if sess is not None:
         sess.inflight_rid = None
