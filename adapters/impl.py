@@ -60,6 +60,10 @@ class ImplBackend:
             return s.submit_request(op.rid, op.tokens, op.max_new_tokens, op.logprob_start_len)
         if isinstance(op, ops.Schedule):
             return s.schedule(op.rid, op.admit)
+        if isinstance(op, ops.ScheduleRound):
+            return s.schedule_round(op.rids, op.limit)
+        if isinstance(op, ops.DecodeRound):
+            return s.decode_round(op.rids)
         if isinstance(op, ops.PrefillChunk):
             return s.prefill_chunk(op.rid)
         if isinstance(op, ops.Decode):

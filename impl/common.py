@@ -1,6 +1,7 @@
-"""Scheduler glue (upstream mem_cache/common.py and ScheduleBatch helpers), for one
-request at a time: evict_from_tree_cache, alloc_for_extend, alloc_for_decode,
-check_decode_mem, release_kv_cache, release_req."""
+"""Scheduler glue (upstream mem_cache/common.py and ScheduleBatch helpers), each for one
+request (a round's batch evicts once and calls them with `evict=False`):
+evict_from_tree_cache, alloc_for_extend, alloc_for_decode, check_decode_mem,
+release_kv_cache, release_req."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -75,9 +76,10 @@ def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges, kv=None) ->
 
 
 def alloc_token_range(sched, row: int, start: int, end: int,
-                      before_alloc=None) -> Optional[torch.Tensor]:
+                      before_alloc=None, evict: bool = True) -> Optional[torch.Tensor]:
     """KV indices for row positions [start, end), continuing the partial page at start
-    (P > 1 evicts extend + P tokens first, P == 1 evicts extend). None on shortage.
+    (P > 1 evicts extend + P tokens first, P == 1 evicts extend; `evict=False`: the
+    batch's caller evicted for it). None on shortage.
     `before_alloc` (P == 1): called once the KV fits, before the allocation."""
     alloc = sched.token_to_kv_pool_allocator
     P = sched.page_size
@@ -85,14 +87,16 @@ def alloc_token_range(sched, row: int, start: int, end: int,
     if n <= 0:
         return torch.empty(0, dtype=I64, device=sched.device)
     if P == 1:
-        evict_from_tree_cache(sched.tree_cache, alloc, n)
+        if evict:
+            evict_from_tree_cache(sched.tree_cache, alloc, n)
         if before_alloc is not None and alloc.available_size() >= n:
             before_alloc()
         out = alloc.alloc(n)
         if out is not None:
             _mark_fresh(sched, out)
         return out
-    evict_from_tree_cache(sched.tree_cache, alloc, n + P)
+    if evict:
+        evict_from_tree_cache(sched.tree_cache, alloc, n + P)
     last_loc = int(sched.req_to_token_pool.req_to_token[row, start - 1].item()) if start > 0 else -1
     dev = sched.device
     out = alloc.alloc_extend(torch.tensor([start], dtype=I64, device=dev),
@@ -113,7 +117,8 @@ def _mark_fresh(sched, new_loc: torch.Tensor) -> None:
     sched.kv_buffer.token_of[idx] = -1
 
 
-def alloc_for_extend(sched, req: Req, prefix_len: int, end: int, before_alloc=None) -> bool:
+def alloc_for_extend(sched, req: Req, prefix_len: int, end: int, before_alloc=None,
+                     evict: bool = True) -> bool:
     """Row (kept when held), then KV for [prefix_len, end); write_cache_indices; the
     forward writes the KV of fill_ids[prefix_len:end]; committed = allocated = end.
     False when KV is short after eviction (the row, if newly taken, is returned)."""
@@ -122,7 +127,7 @@ def alloc_for_extend(sched, req: Req, prefix_len: int, end: int, before_alloc=No
     if pool.alloc([req]) is None:
         raise RuntimeError(f"req {req.rid}: no row in req_to_token_pool")
     row = req.req_pool_idx
-    out = alloc_token_range(sched, row, prefix_len, end, before_alloc)
+    out = alloc_token_range(sched, row, prefix_len, end, before_alloc, evict)
     if out is None:
         if not had_row:
             pool.free_slots.insert(0, row)
@@ -150,14 +155,16 @@ def check_decode_mem(sched, req: Req) -> bool:
     return sched.token_to_kv_pool_allocator.available_size() >= needed
 
 
-def alloc_for_decode(sched, req: Req) -> Optional[int]:
+def alloc_for_decode(sched, req: Req, evict: bool = True) -> Optional[int]:
     """One KV index for row position committed (a new page iff committed % P == 0);
-    written into the row. None on shortage (nothing changes)."""
+    written into the row (`evict=False`: the batch's caller evicted for it). None on
+    shortage (nothing changes)."""
     alloc = sched.token_to_kv_pool_allocator
     P = sched.page_size
     pos = req.kv_committed_len
     row = req.req_pool_idx
-    evict_from_tree_cache(sched.tree_cache, alloc, P)
+    if evict:
+        evict_from_tree_cache(sched.tree_cache, alloc, P)
     if P == 1:
         out = alloc.alloc(1)
     else:

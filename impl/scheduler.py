@@ -34,6 +34,22 @@ def chunk_end(prefix: int, input_len: int, chunk_size: Optional[int], p: int) ->
     return min(input_len, prefix + (chunk_size // p) * p)
 
 
+class _RoundBudget:
+    """What one PrefillAdder has left while it admits a round: rows, KV tokens reserved
+    by the requests it admitted (page-ceiled extends) and the chunk (None: unchunked)."""
+
+    def __init__(self, rows: int, chunk: Optional[int]):
+        self.rows, self.reserved, self.chunk = rows, 0, chunk
+
+    def charge(self, item: tuple, P: int) -> None:
+        req, prefix, end = item
+        self.reserved += (-(-end // P) - -(-prefix // P)) * P
+        if req.req_pool_idx is None:
+            self.rows -= 1
+        if self.chunk is not None:
+            self.chunk -= -(-(end - prefix) // P) * P
+
+
 def _borrow_synced(op):
     """Borrow era: after each operation the slots a turn borrows carry its lengths
     (upstream shares one ReqKvInfo between the turn and its slot)."""
@@ -129,13 +145,15 @@ class Scheduler:
         except KeyError:
             return None
 
-    def _extend_fits(self, start: int, end: int) -> bool:
+    def _extend_fits(self, start: int, end: int, reserved: int = 0) -> bool:
+        """The extend's pages, beyond `reserved` tokens the round has admitted already,
+        fit in the free and evictable KV (and SWA) tokens."""
         P = self.page_size
-        new_pages = common.ceil_div(end, P) - common.ceil_div(start, P)
-        if self.swa_window and new_pages * P > self.token_to_kv_pool_allocator.swa_available_size() \
+        need = (common.ceil_div(end, P) - common.ceil_div(start, P)) * P + reserved
+        if self.swa_window and need > self.token_to_kv_pool_allocator.swa_available_size() \
                 + self.radix_cache.swa_evictable_size():
             return False
-        return new_pages * P <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+        return need <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
 
     def _retire(self, req: Req, session) -> None:
         self.reqs.pop(req.rid, None)
@@ -194,16 +212,56 @@ class Scheduler:
 
     @_borrow_synced
     def schedule(self, rid: int, admit: bool = True) -> str:
-        session_before = self._req(rid, "queued").session
+        """The prefill round of one request."""
+        self._req(rid, "queued")
+        return self._schedule_round([rid], None if admit else 0)
+
+    @_borrow_synced
+    def schedule_round(self, rids, limit: Optional[int] = None) -> str:
+        """`_get_new_batch_prefill_raw`: the PrefillAdder loop admits a batch (the chunked
+        request first), one `prepare_for_extend` allocates it, then its result is
+        processed request by request. "ok" when every request named was admitted."""
+        return self._schedule_round(list(rids), limit)
+
+    def _schedule_round(self, rids: list, limit: Optional[int]) -> str:
+        reqs = [self._req(rid, "queued", "prefill") for rid in rids]
+        sessions = [req.session for req in reqs]
         try:
-            return self._schedule(rid, admit)
+            batch = self._admit_round(reqs, limit)
+            if batch:
+                self._prepare_for_extend(batch)
+                self._process_prefill_result(batch)
+            return "ok" if len(batch) == len(reqs) else "rejected"
         finally:
             # a pre-abort detach may have ended the turn of a closing session: the
             # scheduler loop's maybe_reap carries the close out after this round
-            self.session_controller.maybe_reap(session_before)
+            for session in sessions:
+                self.session_controller.maybe_reap(session)
 
-    def _schedule(self, rid: int, admit: bool) -> str:
-        req = self._req(rid, "queued")
+    def _admit_round(self, reqs: list, limit: Optional[int]) -> list:
+        """PrefillAdder: rows, KV beyond `available + evictable` (the admitted requests'
+        page-ceiled extends) and the chunk budget are shared by the round; a refused
+        request ends it, a request cut into a chunk too."""
+        budget = _RoundBudget(self.req_to_token_pool.available_size(), self.chunk_size)
+        batch = []
+        for i, req in enumerate(reqs):
+            if budget.chunk is not None and budget.chunk <= 0:
+                break
+            refused = limit is not None and i >= limit
+            if req.phase == "prefill":
+                item = self._add_chunked_req(req, budget, refused)
+            else:
+                item = self._add_one_req(req, budget, refused)
+                if item is None:
+                    break
+            if item is not None:
+                batch.append(item)
+                budget.charge(item, self.page_size)
+                if item[2] < len(req.fill_ids) and req.phase != "prefill":
+                    break           # the new chunked request spends the chunk budget
+        return batch
+
+    def _add_one_req(self, req: Req, budget: "_RoundBudget", refused: bool):
         fill = req.fill_ids
         input_len = len(fill)
         key = fill[: req.max_prefix_len()]
@@ -212,40 +270,75 @@ class Scheduler:
         req.last_node = last_node
         req.cache_protected_len = protected
         prefix_len = len(prefix_indices)
-        # admission (PrefillAdder)
-        if not admit:
-            return self._rejected(req)
-        if req.req_pool_idx is None and self.req_to_token_pool.available_size() < 1:
-            return self._rejected(req)
+        end = chunk_end(prefix_len, input_len, budget.chunk, self.page_size)
+        if refused or end <= prefix_len < input_len:
+            self._rejected(req)
+            return None
+        if req.req_pool_idx is None and budget.rows < 1:
+            self._rejected(req)
+            return None
         if self.radix_cache.mamba is None and self._mamba_short(req):
-            return "rejected"
-        end = chunk_end(prefix_len, input_len, self.chunk_size, self.page_size)
+            return None
         self.tree_cache.inc_lock_ref(last_node)
         was_held, req.lock_held = req.lock_held, True   # the budget is read under the lock
         if self.swa_window:
             req.swa_uuid_for_lock = swa_lock_boundary(self.radix_cache, last_node)
-        if not self._extend_fits(prefix_len, end) or self._mamba_tree_short(req):
+        if not self._extend_fits(prefix_len, end, budget.reserved) or self._mamba_tree_short(req):
             self.tree_cache.dec_lock_ref(last_node)
             req.lock_held = was_held
-            return self._rejected(req)
+            self._rejected(req)
+            return None
         if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
                 getattr(req.session, "session_id", None)), "virtual_node", False):
             req.lock_held = False          # locking a virtual node holds nothing
-        req.is_retracted = False
-        if self.radix_cache.mamba is not None:
-            self.radix_cache.mamba.ensure_mamba_capacity(
-                self.req_to_token_pool.mamba_slots_needed(req))
-        if not common.alloc_for_extend(self, req, prefix_len, end):
-            raise RuntimeError(f"req {rid}: alloc_for_extend failed after admission")
-        set_swa_evict_floor(self, req)
-        if self.era == "borrow":
-            self.tree_cache.take(req)
-        req.phase = "prefill"
-        if end < input_len:
-            req.inflight_middle_chunks = 1
-        else:
-            self._prefill_done(req)
-        return "ok"
+        return req, prefix_len, end
+
+    def _add_chunked_req(self, req: Req, budget: "_RoundBudget", refused: bool):
+        """The chunked request: its last chunk checkpointed, its next one sized by what
+        the round has left; None when the KV budget does not take it."""
+        start = self._checkpoint_chunk(req)
+        end = chunk_end(start, len(req.fill_ids), budget.chunk, self.page_size)
+        if refused or end <= start or not self._extend_fits(start, end, budget.reserved):
+            return None
+        return req, start, end
+
+    def _checkpoint_chunk(self, req: Req) -> int:
+        """cache_unfinished_req(chunked=True) of the last chunk; returns where the next
+        one starts."""
+        start = req.kv_committed_len
+        self.tree_cache.cache_unfinished_req(req, chunked=True)
+        req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
+        return start
+
+    def _prepare_for_extend(self, batch: list) -> None:
+        """alloc_for_extend of the batch: one eviction for its extend tokens (+ a page a
+        request when P > 1), then each request's row (alloc_req_slots; rows are not
+        evicted, so taking them after the eviction changes nothing) and KV in batch order;
+        then the session hook (borrow era `maybe_hand_to_session`)."""
+        pool = self.req_to_token_pool
+        for req, _, _ in batch:
+            req.is_retracted = False
+            if self.radix_cache.mamba is not None:
+                self.radix_cache.mamba.ensure_mamba_capacity(pool.mamba_slots_needed(req))
+        P = self.page_size
+        common.evict_from_tree_cache(self.tree_cache, self.token_to_kv_pool_allocator,
+                                     sum(end - prefix for _, prefix, end in batch)
+                                     + (len(batch) * P if P > 1 else 0))
+        for req, prefix, end in batch:
+            if not common.alloc_for_extend(self, req, prefix, end, evict=False):
+                raise RuntimeError(f"req {req.rid}: alloc_for_extend failed after admission")
+        for req, _, _ in batch:
+            set_swa_evict_floor(self, req)
+            if self.era == "borrow":
+                self.tree_cache.take(req)
+
+    def _process_prefill_result(self, batch: list) -> None:
+        for req, _, end in batch:
+            req.phase = "prefill"
+            if end < len(req.fill_ids):
+                req.inflight_middle_chunks = 1
+            else:
+                self._prefill_done(req)
 
     def _prefill_done(self, req: Req) -> None:
         req.inflight_middle_chunks = 0
@@ -268,10 +361,8 @@ class Scheduler:
     def prefill_chunk(self, rid: int) -> str:
         req = self._req(rid, "prefill")
         input_len = len(req.fill_ids)
-        start = req.kv_committed_len
+        start = self._checkpoint_chunk(req)
         end = chunk_end(start, input_len, self.chunk_size, self.page_size)
-        self.tree_cache.cache_unfinished_req(req, chunked=True)
-        req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
         mamba = self.radix_cache.mamba
         evict = None if mamba is None or not mamba.wrapper else \
             lambda: mamba.ensure_mamba_capacity(0)   # 0.5.15 alloc_req_slots, every chunk
@@ -298,6 +389,58 @@ class Scheduler:
         req.output_ids.append(token)
         self._check_finished(req)
         return "ok"
+
+    @_borrow_synced
+    def decode_round(self, rids) -> str:
+        """update_running_batch and the decode step over the batch (`rids`, batch order):
+        check_decode_mem, retract_decode on a shortfall, prepare_for_decode (one eviction,
+        then each request's slot), the forward, and the result in batch order. "oom" when
+        a request was retracted or aborted."""
+        reqs = [self._req(rid, "decode") for rid in rids]
+        out = "ok"
+        if not self._check_decode_mem(reqs):
+            reqs = self._retract_decode(reqs)
+            out = "oom"
+        alloc = self.token_to_kv_pool_allocator
+        common.evict_from_tree_cache(self.tree_cache, alloc, len(reqs) * self.page_size)
+        for req in reqs:
+            if common.alloc_for_decode(self, req, evict=False) is None:
+                raise RuntimeError(f"req {req.rid}: alloc_for_decode failed after check_decode_mem")
+        for req in reqs:
+            pos = req.kv_committed_len
+            self._write_kv(req, pos, pos + 1)
+            req.kv_committed_len += 1
+            req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
+            req.output_ids.append(1)
+        for req in reqs:
+            self._check_finished(req)
+        return out
+
+    def _check_decode_mem(self, reqs: list) -> bool:
+        """check_decode_mem: a page for each request whose next token starts one, after
+        eviction."""
+        P = self.page_size
+        need = P * sum(1 for r in reqs if r.kv_committed_len % P == 0)
+        common.evict_from_tree_cache(self.tree_cache, self.token_to_kv_pool_allocator, need)
+        return self.token_to_kv_pool_allocator.available_size() >= need
+
+    def _retract_decode(self, reqs: list) -> list:
+        """retract_decode: victims from the end of the keep order (most output, then the
+        shortest prompt, first), at least one, until the rest fits; the last one is
+        aborted when even it does not fit (released as a retraction, never re-queued)."""
+        kept = sorted(reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)),
+                      reverse=True)
+        first = True
+        while first or not self._check_decode_mem(kept):
+            if len(kept) == 1:
+                break
+            first = False
+            self._retract_req(kept.pop())
+        if len(kept) <= 1 and not self._check_decode_mem(kept):
+            last = kept.pop()
+            self._retract_req(last)
+            self._abort_queued(last)
+        return [r for r in reqs if any(r is k for k in kept)]
 
     def _rejected(self, req: Req) -> str:
         """A request the round does not add: with a Mamba tree, `get_new_batch_prefill`
@@ -391,6 +534,10 @@ class Scheduler:
         req = self._abort_target(rid, "queued")
         if req is None:
             return "refused"
+        self._abort_queued(req)
+        return "ok"
+
+    def _abort_queued(self, req: Req) -> None:
         session = req.session
         if session is not None and session.streaming:
             self.tree_cache.drop_parked_turn(req)      # FIX(H4) follow-up
@@ -401,12 +548,11 @@ class Scheduler:
                 # accepted finding M2: release_kv_cache(checkpoint=False) -> claim_kv_row
                 self.tree_cache.try_cache_finished_req(req)
                 self._retire(req, session)
-                return "ok"
+                return
         if self.radix_cache.mamba is not None and req.req_pool_idx is None and \
                 req.mamba_pool_idx is not None:     # release_kv_cache(checkpoint=False)
             self.req_to_token_pool.free_mamba_cache(req)
         self._retire(req, session)
-        return "ok"
 
     def queue_reject(self, rid: int) -> str:
         """_add_request_to_queue refuses it (priority / queue limit): a queued abort."""
@@ -435,12 +581,16 @@ class Scheduler:
 
     @_borrow_synced
     def retract(self, rid: int) -> str:
-        req = self._req(rid, "decode")
+        self._retract_req(self._req(rid, "decode"))
+        return "ok"
+
+    def _retract_req(self, req: Req) -> None:
+        """release_req (release_kv_cache(is_insert=False), reset_for_retract): back to
+        the waiting queue."""
         self._overlap_lookahead(req)
         session = req.session
         common.release_req(self, req)
         self.session_controller.maybe_reap(session)
-        return "ok"
 
     @_borrow_synced
     def close_session(self, sid: int) -> str:

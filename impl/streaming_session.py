@@ -214,11 +214,15 @@ class StreamingSession:
     def _borrow_abort(self, req: Req) -> bool:
         """Borrow era (0.5.22+) mid-abort: drop the slot's lock and remove the slot
         without freeing; the request is then released like any request (the caller's
-        raw path: insert, duplicate and tail frees, overallocation, row)."""
+        raw path: insert, duplicate and tail frees, overallocation, row). A request that
+        never ran on its session's slot (a pre-aborted stub matched before its session's
+        turn took the slot in the same round) leaves the slot alone."""
         session = req.session
-        slot = self.slots.pop(session.session_id, None)
-        if slot is not None and slot.last_node is not None:
-            self.inner.dec_lock_ref(slot.last_node)
+        slot = self.slots.get(session.session_id)
+        if slot is not None and slot.req_pool_idx == req.req_pool_idx:
+            del self.slots[session.session_id]      # only the slot the request runs on
+            if slot.last_node is not None:
+                self.inner.dec_lock_ref(slot.last_node)
         session.abort_req(req)
         req.session = None
         return False

@@ -44,6 +44,10 @@ Id = Annotated[int, Range(0, MAX_ID)]
 TokenId = Annotated[int, Range(0, MAX_ID)]
 Tokens = Annotated[tuple[TokenId, ...], Length(1, MAX_CONTEXT)]
 TokenCount = Annotated[int, Range(1, MAX_CONTEXT)]
+MAX_ROUND = 64
+"""The most requests one scheduling round names (a trace's rounds stay small)."""
+Ids = Annotated[tuple[Id, ...], Length(1, MAX_ROUND)]
+"""Request ids in the order a scheduling round takes them (each once)."""
 LogprobStart = Optional[Annotated[int, Range(-1, MAX_CONTEXT)]]
 """`return_logprob=True` with this `logprob_start_len` (-1: upstream's default), or None:
 no logprobs. At most the prompt's length (a larger one is `set_finish_with_abort`ed by

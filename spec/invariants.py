@@ -661,11 +661,13 @@ def _publishes_chunk(op, t, u, a: AbstractState, cfg) -> bool:
     streaming chunk checkpoint is a snapshot."""
     if cfg is None or cfg.era != "borrow":
         return False
-    if not isinstance(op, O.PrefillChunk) or t.protected < u.protected:
+    if not isinstance(op, (O.PrefillChunk, O.ScheduleRound)) or t.protected < u.protected:
         return False
     # judged on the state before the step: the turn may finish (and leave) in it
-    return any(r.rid == op.rid and r.session == t.sid and r.anchor == ("virtual", t.sid)
-               for r in a.reqs)
+    acting = O.acting_rids(op)
+    return any(r.rid in acting and (isinstance(op, O.PrefillChunk) or r.phase == "prefill")
+               and r.session == t.sid
+               and r.anchor == ("virtual", t.sid) for r in a.reqs)
 
 
 @invariant("I10", "a slot's cache_protected_len and last_node are fixed for its life", step=True)
@@ -684,17 +686,36 @@ def slot_fixed(a: AbstractState, op, outcome, b: AbstractState, cfg=None):
 @invariant("I16", "no locked node is evicted", step=True)
 def locked_not_evicted(a: AbstractState, op, outcome, b: AbstractState, cfg=None):
     after = {n.path for n in b.nodes}
+    released = _round_released_locks(a, op, b)
     return [_v(locked_not_evicted, f"node with lock_ref {n.lock_ref} vanished by {op}", f"node {list(n.path)}")
-            for n in a.nodes if n.lock_ref > 0 and n.path not in after]
+            for n in a.nodes if n.lock_ref > 0 and n.path not in after
+            and released(n.path) < n.lock_ref]
+
+
+def _round_released_locks(a: AbstractState, op, b: AbstractState):
+    """A round releases locks before it evicts (`retract_decode` then
+    `check_decode_mem`): for a node path, how many of its locks were held by the round's
+    requests that hold none after it (0 outside rounds)."""
+    if not isinstance(op, O.ROUNDS):
+        return lambda path: 0
+    acting = set(op.rids)
+    still = {r.rid for r in b.reqs if r.locked}
+    gone = [r.anchor[1] for r in a.reqs
+            if r.rid in acting and r.locked and r.rid not in still
+            and r.anchor and r.anchor[0] == "node"]
+    return lambda path: sum(1 for p in gone if p[:len(path)] == path)
 
 
 @invariant("I25", "a rejected admission retried restores idempotently", step=True)
 def idempotent_restore(a: AbstractState, op, outcome, b: AbstractState, cfg=None):
-    if not isinstance(op, O.Schedule) or outcome != "rejected":
-        return []
-    r = next((x for x in a.reqs if x.rid == op.rid), None)
-    if r is None or r.row is None or not (r.anchor and r.anchor[0] == "virtual"):
-        return []
+    if not isinstance(op, (O.Schedule, O.ScheduleRound)) or outcome != "rejected" or \
+            len(O.acting_rids(op)) != 1:
+        return []           # a round of several allocates for the others it admits
+    rid, = O.acting_rids(op)
+    r = next((x for x in a.reqs if x.rid == rid), None)
+    if r is None or r.phase != "queued" or r.row is None or \
+            not (r.anchor and r.anchor[0] == "virtual"):
+        return []           # (a chunked request's round checkpoints its chunk first)
     sid = r.anchor[1]
     ta = next((t for t in a.slots if t.sid == sid), None)
     tb = next((t for t in b.slots if t.sid == sid), None)
@@ -707,6 +728,10 @@ def idempotent_restore(a: AbstractState, op, outcome, b: AbstractState, cfg=None
     return out
 
 
+FINISHING_STEPS = (O.Schedule, O.PrefillChunk, O.Decode, O.SpecDecode, *O.ROUNDS)
+"""Steps whose result can reach max_new_tokens and finish a request (`check_finished`)."""
+
+
 @invariant("I28", "a session's checkpoint advances only on a successful finish", step=True)
 def checkpoint_advance(a: AbstractState, op, outcome, b: AbstractState, cfg=None):
     before = {x.sid: x for x in a.sessions}
@@ -716,14 +741,13 @@ def checkpoint_advance(a: AbstractState, op, outcome, b: AbstractState, cfg=None
         u = before.get(x.sid)
         if u is None or u.checkpoint == x.checkpoint:
             continue
-        r = reqs.get(getattr(op, "rid", None))
-        gone = r is not None and all(q.rid != r.rid for q in b.reqs)
+        after = {q.rid for q in b.reqs}
         # a finish: the Finish op (a stop token), or a step whose result reaches
         # max_new_tokens (check_finished), after which the turn is gone
-        ok = (r is not None and r.session == x.sid and not r.rejected and not r.to_finish
-              and (isinstance(op, O.Finish)
-                   or (isinstance(op, (O.Schedule, O.PrefillChunk, O.Decode, O.SpecDecode))
-                       and gone)))
+        ok = any(r is not None and r.session == x.sid and not r.rejected and not r.to_finish
+                 and (isinstance(op, O.Finish)
+                      or (isinstance(op, FINISHING_STEPS) and r.rid not in after))
+                 for r in map(reqs.get, O.acting_rids(op)))
         if not ok:
             out.append(_v(checkpoint_advance, f"checkpoint {len(u.checkpoint)} -> {len(x.checkpoint)} "
                           f"tokens by {op}", f"session {x.sid}"))

@@ -96,7 +96,8 @@ def _write_kv(s: State, row: int, start: int, end: int, tokens: tuple) -> None:
         s.content[p] = tuple(c)
 
 
-def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool = False) -> bool:
+def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool = False,
+                  evict: bool = True) -> bool:
     """`alloc_for_extend` for one request: evict first, then P=1 `alloc(n)` or P>1
     `alloc_extend` (continue the partial last page, then new pages); fill the row.
     `mamba_evict` (a 0.5.15 Mamba tree's next chunk): once the KV fits, `alloc_req_slots`
@@ -104,7 +105,8 @@ def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool =
     P = s.cfg.page_size
     n = end - prefix
     if P == 1:
-        evict_from_tree_cache(s, n)
+        if evict:
+            evict_from_tree_cache(s, n)
         if mamba_evict and len(s.free_pages) >= n:
             evict_mamba(s, mamba_tree.alloc_req_slots_evict(s))
         pages = _alloc_pages(s, n)
@@ -112,7 +114,8 @@ def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool =
             return False
         s.rows[row][prefix:end] = pages
         return True
-    evict_from_tree_cache(s, n + P)
+    if evict:
+        evict_from_tree_cache(s, n + P)
     pages = _alloc_pages(s, pages_needed_extend(prefix, end, P))
     if pages is None:
         return False
@@ -121,10 +124,11 @@ def _alloc_extend(s: State, row: int, prefix: int, end: int, mamba_evict: bool =
     return True
 
 
-def _alloc_decode(s: State, row: int, pos: int) -> bool:
+def _alloc_decode(s: State, row: int, pos: int, evict: bool = True) -> bool:
     """`alloc_for_decode` for row position pos: a new page iff pos % P == 0."""
     P = s.cfg.page_size
-    evict_from_tree_cache(s, P)
+    if evict:
+        evict_from_tree_cache(s, P)
     if pos % P:
         return True                     # last_loc + 1, in the page already held
     pages = _alloc_pages(s, 1)
@@ -874,9 +878,13 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
     slot = s.slots.get(sid)
     if req.finished_reason == "abort":
         if s.cfg.era == "borrow":
-            if slot is not None:
+            if slot is not None and slot.row == req.row:
                 dec_lock_ref(s, slot.last_node)
                 del s.slots[sid]
+            # FIX: an aborted turn that never ran on its session's slot (a pre-aborted
+            # stub matched in the round whose other turn then created the slot) leaves
+            # the slot to that turn; 0.5.23 asserts "does not run on its slot" here
+            # (`try_cache_finished_req`)
             _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
             req.session = None
             _release_plain(s, req, is_insert=True)
@@ -1057,48 +1065,161 @@ def _new_tokens_needed(s: State, prefix: int, end: int) -> int:
 
 
 def _schedule(s: State, req: Req, admit: bool) -> str:
+    """`schedule(rid, admit)`: the prefill round of one request."""
+    return _schedule_round(s, [req], None if admit else 0)
+
+
+def _schedule_round(s: State, reqs: list, limit) -> str:
+    """`Scheduler._get_new_batch_prefill_raw` (0.5.15 `scheduler.py`
+    `_get_new_batch_prefill_raw`, 0.5.23 l.4079-4330): the PrefillAdder loop admits a
+    batch, one `prepare_for_extend` allocates it, then the result is processed request by
+    request. "ok" when every request named was admitted, else "rejected"."""
+    batch = _admit_round(s, reqs, limit)
+    if batch:
+        _prepare_for_extend(s, batch)
+        _process_prefill_result(s, batch)
+    return "ok" if len(batch) == len(reqs) else "rejected"
+
+
+class _Budget:
+    """What one PrefillAdder has left while it admits a round: rows, KV tokens (beyond
+    what the live `available + evictable` shows: the admitted requests' page-ceiled
+    extends) and the chunk (`rem_chunk_tokens`, None: no chunked prefill)."""
+
+    def __init__(self, s: State):
+        self.rows = len(s.free_rows)
+        self.reserved = 0
+        self.chunk = s.cfg.chunk_size
+
+    def spent(self) -> bool:
+        """`budget_state() == OTHER` for the chunk: the next request is not considered."""
+        return self.chunk is not None and self.chunk <= 0
+
+    def charge(self, s: State, req: Req, prefix: int, end: int) -> None:
+        """`_update_prefill_budget`: the page-ceiled extend from the chunk and KV budgets."""
+        need = _new_tokens_needed(s, prefix, end)
+        self.reserved += need
+        if req.row is None:
+            self.rows -= 1
+        if self.chunk is not None:
+            self.chunk -= ceil_align(end - prefix, s.cfg.page_size)
+
+
+def _admit_round(s: State, reqs: list, limit) -> list:
+    """The PrefillAdder loop: the chunked request first (`add_chunked_req`), then each
+    waiting request matched and admitted in order (`add_one_req`) until one is refused
+    or the chunk budget is spent. Returns the batch: (req, prefix_len, extend end)."""
+    budget = _Budget(s)
+    batch = []
+    for i, req in enumerate(reqs):
+        if budget.spent():
+            break
+        if req.phase == "prefill":
+            item = _add_chunked_req(s, req, budget, refused=limit is not None and i >= limit)
+        else:
+            item = _add_one_req(s, req, budget, refused=limit is not None and i >= limit)
+            if item is None:
+                break
+        if item is not None:
+            batch.append(item)
+            budget.charge(s, *item)
+            if item[2] < item[0].seqlen and req.phase != "prefill":
+                break           # the new chunked request: rem_chunk_tokens is spent
+    return batch
+
+
+def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
+    """`init_next_round_input` (the match) and `add_one_req`: the admission lock, then the
+    row, Mamba, KV (available + evictable less the round's reservations), SWA and chunk
+    budgets; a refused request gives its lock back. None when it is refused."""
     prefix = _match(s, req)
-    if not admit:
+    end = chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size)
+    if refused or end <= prefix < req.seqlen:
         _mamba_revert_cow(s, req)
-        return "rejected"
+        return None
     inc_lock_ref(s, req.last_node)
     was_locked, req.locked = req.locked, True   # the budget is read under the lock
     hybrid.note_swa_lock(s, req)                # (its SWA part too: `_lock_node`)
-    end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
-    if (req.row is None and not s.free_rows) or hybrid.mamba_short(s, req) or \
-            _new_tokens_needed(s, prefix, end) > available_size(s) + s.evictable_size or \
-            hybrid.swa_admission_short(s, _new_tokens_needed(s, prefix, end)):
+    need = _new_tokens_needed(s, prefix, end)
+    if (req.row is None and budget.rows < 1) or hybrid.mamba_short(s, req) or \
+            need + budget.reserved > available_size(s) + s.evictable_size or \
+            hybrid.swa_admission_short(s, need + budget.reserved):
         dec_lock_ref(s, req.last_node)
         req.locked = was_locked
         _mamba_revert_cow(s, req)
-        return "rejected"
+        return None
     if s.cfg.era == "borrow" and req.last_node == ("virtual", req.session):
         req.locked = False              # cache.lock(virtual node) is None: nothing held
-    req.is_retracted = False
-    if req.row is None:
-        req.row = s.free_rows.pop(0)
-        s.rows[req.row][:prefix // s.cfg.page_size] = req.prefix_pages
-    elif not (req.committed > 0):
-        raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
-                         f"with kv_committed_len=0 and no chunk in flight",
-                         upstream=(REUSED_ROW_014, REUSED_ROW_019))
-    if mamba_tree.on(s):                # `allocation.ensure_mamba_capacity` (0.5.23),
-        short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
-            hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
-        if short > 0:
-            evict_mamba(s, short)
-    hybrid.alloc_mamba(s, req)
-    if not _alloc_extend(s, req.row, prefix, end):
-        raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
-    _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
-    req.committed = req.allocated = req.extend_end = end
-    hybrid.set_swa_evict_floor(s, req)
+    return req, prefix, end
+
+
+def _add_chunked_req(s: State, req: Req, budget: _Budget, refused: bool):
+    """The chunked request's next round: its last chunk is checkpointed
+    (`cache_unfinished_req(chunked=True)`), `init_next_round_input()` refreshes its fill
+    without a match, and `add_chunked_req` sizes the chunk by what the round has left.
+    None when the KV budget does not take it (it stays the chunked request)."""
+    _checkpoint_chunk(s, req)
+    prefix = req.extend_end
+    end = chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size)
+    if refused or end <= prefix or \
+            _new_tokens_needed(s, prefix, end) + budget.reserved > available_size(s) + s.evictable_size:
+        return None
+    return req, prefix, end
+
+
+def _checkpoint_chunk(s: State, req: Req) -> None:
+    """Before a chunked request's next chunk: `cache_unfinished_req(chunked=True)`
+    (borrow era: `checkpoint_kv_cache`), then `init_next_round_input()` (no re-match)."""
     if s.cfg.era == "borrow":
-        _take(s, req)
-    req.phase = "prefill"
-    if end == req.seqlen:
-        _prefill_done(s, req)
-    return "ok"
+        _checkpoint_borrow(s, req)
+    elif not _is_streaming(req):
+        cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
+    refresh_fill(s, req)
+
+
+def _prepare_for_extend(s: State, batch: list) -> None:
+    """`ScheduleBatch.init_new(can_run_list).prepare_for_extend()` -> `alloc_for_extend`
+    for the whole batch: `alloc_req_slots` (rows; a held row is reused), one eviction for
+    the batch's extend tokens (+ a page a request when P > 1), one allocation taking each
+    request's pages in batch order, `write_cache_indices`; then per request the forward's
+    KV, committed = allocated = the extend end, and the session hook
+    (`maybe_hand_to_session`, borrow era)."""
+    for req, prefix, _ in batch:
+        req.is_retracted = False
+        if req.row is None:
+            req.row = s.free_rows.pop(0)
+            s.rows[req.row][:prefix // s.cfg.page_size] = req.prefix_pages
+        elif not (req.committed > 0):
+            raise ModelError(f"ReqToTokenPool.alloc: req {req.rid} reuses row {req.row} "
+                             f"with kv_committed_len=0 and no chunk in flight",
+                             upstream=(REUSED_ROW_014, REUSED_ROW_019))
+        if mamba_tree.on(s):            # `allocation.ensure_mamba_capacity` (0.5.23),
+            short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
+                hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
+            if short > 0:
+                evict_mamba(s, short)
+        hybrid.alloc_mamba(s, req)
+    P = s.cfg.page_size
+    evict_from_tree_cache(s, sum(end - prefix for _, prefix, end in batch)
+                          + (len(batch) * P if P > 1 else 0))
+    for req, prefix, end in batch:
+        if not _alloc_extend(s, req.row, prefix, end, evict=False):
+            raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
+    for req, prefix, end in batch:
+        _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
+        req.committed = req.allocated = req.extend_end = end
+        hybrid.set_swa_evict_floor(s, req)
+        if s.cfg.era == "borrow":
+            _take(s, req)
+
+
+def _process_prefill_result(s: State, batch: list) -> None:
+    """`process_batch_result_prefill`, in batch order: a request whose prompt is done
+    samples its first token (or finishes); the chunked request waits for its next round."""
+    for req, _, end in batch:
+        req.phase = "prefill"
+        if end == req.seqlen:
+            _prefill_done(s, req)
 
 
 def _take(s: State, req: Req) -> None:
@@ -1135,11 +1256,12 @@ def _checkpoint_borrow(s: State, req: Req) -> None:
     slot.protected = req.protected
 
 
-def _sync_borrowed(s: State, acting=None) -> None:
+def _sync_borrowed(s: State, acting=()) -> None:
     """Borrow era: a turn runs on its slot's record (`req.kv is slot.kv`), so the slot's
     lengths are the turn's while it borrows it. Two turns on one slot (only after an
-    accepted U1) share that one record: the operation's own turn wrote it last, or, if
-    that turn no longer borrows it (finished, retracted), the slot holds what it wrote. A
+    accepted U1) share that one record: the operation's own turns (`acting`: their rids)
+    wrote it last, or, if that turn no longer borrows it (finished, retracted), the slot
+    holds what it wrote. A
     turn detached from its session after it borrowed (a second `finish_req` under
     accepted U2) still holds the record: its virtual anchor names the slot."""
     borrowers = []
@@ -1148,7 +1270,7 @@ def _sync_borrowed(s: State, acting=None) -> None:
         slot = dict.get(s.slots, sid)
         if slot is not None and r.row is not None and r.row == slot.row:
             r, slot = s.reqs[rid], s.slots[sid]
-            if r.rid == acting:
+            if r.rid in acting:
                 slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
                 hybrid.sync_borrowed(slot, r, acting=True)
             borrowers.append((r, slot))
@@ -1180,11 +1302,7 @@ def _prefill_done(s: State, req: Req) -> None:
 
 
 def _prefill_chunk(s: State, req: Req) -> str:
-    if s.cfg.era == "borrow":
-        _checkpoint_borrow(s, req)
-    elif not _is_streaming(req):
-        cache_unfinished_req_inner(s, req)      # cache_unfinished_req(chunked=True)
-    refresh_fill(s, req)                        # init_next_round_input() (no re-match)
+    _checkpoint_chunk(s, req)
     prefix = req.extend_end
     end = chunk_end(prefix, req.seqlen, s.cfg.chunk_size, s.cfg.page_size)
     if not _alloc_extend(s, req.row, prefix, end, mamba_evict=mamba_tree.wrapper_rules(s)):
@@ -1209,6 +1327,75 @@ def _decode(s: State, req: Req, token: int) -> str:
     req.output.append(token)
     _check_finished(s, req)
     return "ok"
+
+
+def _decode_round(s: State, reqs: list) -> str:
+    """`update_running_batch` then the decode step over the batch (`reqs`, batch order):
+    `check_decode_mem` (it evicts what the step needs), on a shortfall `retract_decode`;
+    `prepare_for_decode` (`alloc_for_decode` of the whole batch: one eviction, then a
+    page for each request whose next token starts one); the forward writes each last
+    token's KV; `process_batch_result_decode` appends the sampled token and finishes the
+    requests at max_new_tokens, in batch order. "ok", or "oom" when a request had to be
+    retracted or aborted."""
+    out = "ok"
+    if not _check_decode_mem(s, reqs):
+        reqs = _retract_decode(s, reqs)
+        out = "oom"
+    P = s.cfg.page_size
+    evict_from_tree_cache(s, len(reqs) * P)
+    for req in reqs:
+        if not _alloc_decode(s, req.row, req.committed, evict=False):
+            raise ModelError(f"alloc_for_decode failed after check_decode_mem for req {req.rid}")
+    for req in reqs:
+        pos = req.committed
+        _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
+        req.committed += 1
+        req.allocated = max(req.allocated, req.committed)
+        req.output.append(SAMPLED_TOKEN)
+    for req in reqs:
+        _check_finished(s, req)
+    return out
+
+
+def new_tokens_required_next_decode(s: State, reqs: list) -> int:
+    """`ScheduleBatch.new_tokens_required_next_decode` (no speculative decoding): a page
+    for each request whose next token starts one."""
+    P = s.cfg.page_size
+    return sum(P for r in reqs if r.committed % P == 0)
+
+
+def _check_decode_mem(s: State, reqs: list) -> bool:
+    """`check_decode_mem` (`check_decode_capacity`): evict what the step needs, then
+    whether it fits."""
+    need = new_tokens_required_next_decode(s, reqs)
+    evict_from_tree_cache(s, need)
+    return available_size(s) >= need
+
+
+def retraction_order(reqs: list) -> list:
+    """`_get_decode_retraction_order`: most-preferred to keep first (most output tokens,
+    then the shortest prompt; a stable sort, reversed); `retract_decode` pops from the
+    end."""
+    return sorted(reqs, key=lambda r: (len(r.output), -len(r.origin)), reverse=True)
+
+
+def _retract_decode(s: State, reqs: list) -> list:
+    """`retract_decode` (0.5.15 `schedule_batch.py` l.2470-2530, 0.5.23 l.3451-3540): at
+    least one victim, then more until the rest fits; the last request is kept, and
+    aborted when even it does not fit. Returns the batch left, in batch order."""
+    kept = retraction_order(reqs)
+    first = True
+    while first or not _check_decode_mem(s, kept):
+        if len(kept) == 1:
+            break
+        first = False
+        _retract(s, kept.pop())
+    if len(kept) <= 1 and not _check_decode_mem(s, kept):
+        last = kept.pop()               # FINISH_ABORT, released as a retraction (release_req),
+        _retract(s, last)               # never re-queued: it leaves as a queued abort does
+        _abort_queued(s, last)
+    left = {r.rid for r in kept}
+    return [r for r in reqs if r.rid in left]
 
 
 def _check_finished(s: State, req: Req) -> None:
@@ -1615,6 +1802,49 @@ def _spec_decode_refusal(s: State, op: O.SpecDecode, req: Req) -> Optional[str]:
                 f"request {op.rid}'s drafts would pass config.max_context_len"))
 
 
+def _schedule_round_refusal(s: State, op: O.ScheduleRound) -> Optional[str]:
+    """Every request named is live and waiting, except that a round with a chunked
+    request in flight continues it first (`add_chunked_req` before the waiting queue).
+    With SWA or Mamba pools a round is one waiting request (their shared round budgets
+    and the chunk's Mamba copy are not modelled in a round)."""
+    if len(op.rids) > 1 and s.cfg.hybrid:
+        return "a round of several requests is modelled without SWA and Mamba pools"
+    chunked = [r.rid for r in dict.values(s.reqs) if r.phase == "prefill"]
+    if chunked and s.cfg.hybrid:
+        return "with SWA or Mamba pools the chunked request continues by prefill_chunk"
+    for i, rid in enumerate(op.rids):
+        req = dict.get(s.reqs, rid)
+        if req is None:
+            return f"request {rid} does not exist (never submitted, or already finished)"
+        if i == 0 and chunked:
+            if rid not in chunked:
+                return (f"request {chunked[0]} is the chunked request in flight: the round "
+                        f"continues it first")
+            why = mamba_tree.chunk_refusal(s, req)
+        else:
+            why = _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
+        if why:
+            return why
+    return None
+
+
+def _decode_round_refusal(s: State, op: O.DecodeRound) -> Optional[str]:
+    """Every request named is live and decoding, below its max_new_tokens; without
+    speculative decoding and hybrid pools (the round's steps for those are not modelled)."""
+    if s.cfg.spec_enabled:
+        return "config.spec_enabled is true: decode steps are spec_decode"
+    if s.cfg.hybrid:
+        return "decode_round is modelled without SWA and Mamba pools"
+    for rid in op.rids:
+        req = dict.get(s.reqs, rid)
+        if req is None:
+            return f"request {rid} does not exist (never submitted, or already finished)"
+        why = _phase_refusal(req, ("decode",)) or _output_refusal(req)
+        if why:
+            return why
+    return None
+
+
 def _decoding_refusal(s: State, op, req: Req) -> Optional[str]:
     return _phase_refusal(req, ("decode",))
 
@@ -1624,6 +1854,8 @@ _GUARDS = {
     O.OpenSession: (_open_refusal, False), O.SubmitTurn: (_turn_refusal, False),
     O.SubmitRequest: (_request_refusal, False), O.CloseSession: (_close_refusal, False),
     O.Evict: (_evict_refusal, False),
+    O.ScheduleRound: (_schedule_round_refusal, False),
+    O.DecodeRound: (_decode_round_refusal, False),
     O.Schedule: (_schedule_refusal, True), O.AbortQueued: (_abort_queued_refusal, True),
     O.QueueReject: (_queue_reject_refusal, True), O.PreAbort: (_pre_abort_refusal, True),
     O.PrefillChunk: (_prefill_chunk_refusal, True),
@@ -1686,6 +1918,10 @@ def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:
         out = "ok"
     elif isinstance(op, O.Schedule):
         out = _schedule(s, req, op.admit)
+    elif isinstance(op, O.ScheduleRound):
+        out = _schedule_round(s, [s.reqs[r] for r in op.rids], op.limit)
+    elif isinstance(op, O.DecodeRound):
+        out = _decode_round(s, [s.reqs[r] for r in op.rids])
     elif isinstance(op, O.PrefillChunk):
         out = _prefill_chunk(s, req)
     elif isinstance(op, O.Decode):
@@ -1717,7 +1953,7 @@ def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:
     for sid in list(s.sessions):        # the scheduler loop's maybe_reap, after the round:
         _maybe_close(s, sid)            # a deferred close whose turn has ended is carried out
     if s.cfg.era == "borrow":
-        _sync_borrowed(s, getattr(op, "rid", None))
+        _sync_borrowed(s, op.rids if hasattr(op, "rids") else (getattr(op, "rid", None),))
     if s.cfg.accept:
         _sync_checkpoints(s)
     return s, out

@@ -11,10 +11,10 @@ are not part of the vocabulary (they are the system's own and compared up to ren
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Optional
 
-from spec.fields import (MAX_DRAFTS, MAX_ID, Id, LogprobStart, Range, TokenCount, TokenId, Tokens,
-                         field_error)
+from spec.fields import (MAX_DRAFTS, MAX_ID, MAX_ROUND, Id, Ids, LogprobStart, Range, TokenCount,
+                         TokenId, Tokens, field_error)
 
 
 class OpError(ValueError):
@@ -79,6 +79,23 @@ class Schedule(Op):
 
 
 @dataclass(frozen=True)
+class ScheduleRound(Op):
+    """One prefill round (`Scheduler._get_new_batch_prefill_raw`) over the requests it
+    considers, in the policy's order: the chunked request first when one is in flight
+    (`add_chunked_req`), then each waiting request is matched (`init_next_round_input`)
+    and admitted (`PrefillAdder.add_one_req`: its lock, the round's shared row, KV and
+    chunk budgets) until one is refused or a budget is spent; then one
+    `ScheduleBatch.init_new(can_run_list).prepare_for_extend()` allocates rows and KV for
+    the whole batch in its order and runs the session hooks, and the batch's result is
+    processed request by request. `limit`: the round's other budgets (running reserve,
+    `max_prefill_tokens`, ...) refuse the request at that index after its match (None:
+    only the modelled budgets refuse). `schedule(rid, admit)` is the round of one."""
+    name: ClassVar[str] = "schedule_round"
+    rids: Ids
+    limit: Optional[Annotated[int, Range(0, MAX_ROUND)]] = None
+
+
+@dataclass(frozen=True)
 class PrefillChunk(Op):
     """The next chunk of a chunked prefill (`cache_unfinished_req(chunked=True)` first)."""
     name: ClassVar[str] = "prefill_chunk"
@@ -91,6 +108,18 @@ class Decode(Op):
     name: ClassVar[str] = "decode"
     rid: Id
     token: TokenId = 1
+
+
+@dataclass(frozen=True)
+class DecodeRound(Op):
+    """One decode round over the running batch, in batch order
+    (`Scheduler.update_running_batch`): when `check_decode_mem` fails, `retract_decode`
+    retracts victims in its own order (fewest output tokens first, then the longest
+    prompt) until the rest fits; then `prepare_for_decode` allocates for every request
+    left in one call, the forward writes each one's last token, and the result appends
+    the sampled token (1) to each and finishes those at max_new_tokens, in batch order."""
+    name: ClassVar[str] = "decode_round"
+    rids: Ids
 
 
 @dataclass(frozen=True)
@@ -168,9 +197,20 @@ OP_TYPES: dict[str, type[Op]] = {
     cls.name: cls
     for cls in (OpenSession, SubmitTurn, SubmitRequest, Schedule, PrefillChunk, Decode,
                 SpecDecode, Finish, AbortQueued, PreAbort, AbortRunning, Retract,
-                CloseSession, Evict, QueueReject)
+                CloseSession, Evict, QueueReject, ScheduleRound, DecodeRound)
 }
 OP_NAMES = tuple(OP_TYPES)
+
+
+ROUNDS = (ScheduleRound, DecodeRound)
+
+
+def acting_rids(op: Op) -> tuple:
+    """The requests an operation acts on: a round's, in its order, or the one `rid`."""
+    if isinstance(op, ROUNDS):
+        return op.rids
+    rid = getattr(op, "rid", None)
+    return () if rid is None else (rid,)
 
 
 def op_from_json(data: dict) -> Op:
@@ -203,6 +243,10 @@ def cross_field_error(op: Op):
     state; None when it holds."""
     if isinstance(op, SpecDecode) and op.accepted > op.drafts:
         return f"spec_decode.accepted must be <= drafts ({op.drafts}), got {op.accepted}"
+    if isinstance(op, (ScheduleRound, DecodeRound)) and len(set(op.rids)) != len(op.rids):
+        return f"{op.name}.rids must name each request once, got {list(op.rids)}"
+    if isinstance(op, ScheduleRound) and op.limit is not None and op.limit > len(op.rids):
+        return f"schedule_round.limit must be <= len(rids) ({len(op.rids)}), got {op.limit}"
     if isinstance(op, SubmitRequest) and (op.logprob_start_len or 0) > len(op.tokens):
         return (f"submit_request.logprob_start_len must be <= len(tokens) ({len(op.tokens)}), "
                 f"got {op.logprob_start_len}")

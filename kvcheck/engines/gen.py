@@ -357,6 +357,42 @@ def _schedule(c: Ctx, d: Drawer):
     return None if rid is None else O.Schedule(rid, d.choice((True, True, True, False), "admit"))
 
 
+def draw_order(d: Drawer, items: list, k: int, label: str) -> list:
+    """k of items in a drawn order (a round's policy order, a batch's order)."""
+    pool, out = list(items), []
+    for _ in range(k):
+        out.append(pool.pop(d.integer(0, len(pool) - 1, label)))
+    return out
+
+
+def _schedule_round(c: Ctx, d: Drawer):
+    """A prefill round: the chunked request first when one is in flight (the round
+    continues it), then waiting requests in a drawn policy order (a turn beside its
+    session's rejected stub, plain requests on shared prefixes), sometimes cut by the
+    round's other budgets. One request a round with SWA or Mamba pools."""
+    queued, chunked = c.rids("queued"), c.rids("prefill")
+    if c.cfg.hybrid and chunked:
+        return None
+    head = [d.choice(chunked, "chunked")] if chunked else []
+    most = 1 if c.cfg.hybrid else len(queued)
+    if not head and not queued:
+        return None
+    rids = head + draw_order(d, queued, d.integer(0 if head else 1, most), "round_order")
+    if not rids:
+        return None
+    limit = d.integer(0, len(rids), "limit") if one_in(d, 4, "round_limited") else None
+    return O.ScheduleRound(tuple(rids), limit)
+
+
+def _decode_round(c: Ctx, d: Drawer):
+    """A decode round over the running batch in a drawn batch order (`retract_decode`
+    picks its victims from it when memory is short)."""
+    rids = c.rids("decode")
+    if not rids or c.cfg.spec_enabled or c.cfg.hybrid:
+        return None
+    return O.DecodeRound(tuple(draw_order(d, rids, len(rids), "batch_order")))
+
+
 def _decode(c: Ctx, d: Drawer):
     rid = _pick(("decode",))(c, d)
     if rid is None or c.cfg.spec_enabled:
@@ -401,6 +437,8 @@ ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
     "retract": _rid_op(O.Retract, "decode"),
     "close_session": _close_session,
     "evict": _evict,
+    "schedule_round": _schedule_round,
+    "decode_round": _decode_round,
 }
 """op name -> draw(ctx, drawer) -> an op with its arguments, or None when the state has
 no object to act on. A new operation in spec.ops needs one entry here."""

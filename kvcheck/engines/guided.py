@@ -170,6 +170,10 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
     v = getattr(op, f)
     if isinstance(v, bool):
         new = not v
+    elif f == "rids":
+        new = _change_round(list(v), ids, rng)
+    elif f == "limit":
+        new = rng.choice((None, rng.randint(0, len(op.rids))))
     elif isinstance(v, tuple):
         toks = list(v)
         if len(toks) > 1 and rng.random() < 0.5:
@@ -189,9 +193,26 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
         d = new if f == "drafts" else op.drafts
         a = new if f == "accepted" else op.accepted
         return dataclasses.replace(op, drafts=d, accepted=min(a, d))
+    if f == "rids" and (getattr(op, "limit", None) or 0) > len(new):
+        return dataclasses.replace(op, rids=new, limit=len(new))
     if f == "tokens" and (getattr(op, "logprob_start_len", None) or 0) > len(new):
         return dataclasses.replace(op, tokens=new, logprob_start_len=len(new))
     return dataclasses.replace(op, **{f: new})
+
+
+def _change_round(rids: list, ids: list, rng: random.Random) -> tuple:
+    """A round's requests changed: two swapped (another policy or batch order), one
+    left out, or another request added; each still named once."""
+    others = [i for i in ids if i not in rids]
+    kind = rng.choice(("swap", "drop", "add"))
+    if kind == "swap" and len(rids) > 1:
+        i, j = rng.sample(range(len(rids)), 2)
+        rids[i], rids[j] = rids[j], rids[i]
+    elif kind == "drop" and len(rids) > 1:
+        rids.pop(rng.randrange(len(rids)))
+    elif others:
+        rids.insert(rng.randrange(len(rids) + 1), rng.choice(others))
+    return tuple(rids)
 
 
 CONFIG_FIELDS = ("page_size", "num_pages", "num_rows", "chunk_size", "spec_enabled",

@@ -157,6 +157,9 @@ class KVMachine(RuleBasedStateMachine):
     submit_request = _op_rule("submit_request", lambda self: self.s is not None
                               and len(self.s.reqs) < MAX_LIVE_REQS, one_in=5)
     schedule = _op_rule("schedule", lambda self: self.has("queued"))
+    schedule_round = _op_rule("schedule_round", lambda self: self.has("queued", "prefill"))
+    decode_round = _op_rule("decode_round", lambda self: self.has("decode")
+                            and not self.cfg.spec_enabled and not self.cfg.hybrid)
     prefill_chunk = _op_rule("prefill_chunk", lambda self: self.has("prefill"))
     decode = _op_rule("decode", lambda self: self.has("decode") and not self.cfg.spec_enabled)
     spec_decode = _op_rule("spec_decode", lambda self: self.has("decode") and self.cfg.spec_enabled)

@@ -26,7 +26,7 @@ BASE_WEIGHTS: dict[str, float] = {
     "open_session": 1.0, "submit_turn": 4.0, "submit_request": 1.5, "schedule": 4.0,
     "prefill_chunk": 4.0, "decode": 6.0, "spec_decode": 6.0, "finish": 2.0,
     "abort_queued": 0.7, "queue_reject": 0.5, "pre_abort": 0.7, "abort_running": 1.0, "retract": 1.5,
-    "close_session": 0.7, "evict": 1.0,
+    "close_session": 0.7, "evict": 1.0, "schedule_round": 3.0, "decode_round": 4.0,
 }
 """How often each operation is tried before swarm scaling; an operation missing here
 (a new one in spec.ops) gets DEFAULT_WEIGHT."""
