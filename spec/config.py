@@ -25,13 +25,15 @@ ACCEPTABLE = {
     "U2": "H4: retract runs finish_req (checkpoint advances, _inflight cleared)",
     "U3": "H5 (0.5.15): a queued abort of a streaming turn makes no session call",
     "U6": "0.5.23: a queue drop (_release_aborted_request) of a rejected stub clears _inflight",
+    "U7": "0.5.22+: a rejected stub admitted in the round of its session's first turn meets "
+          "the slot that turn took (StreamingSession.take asserts 'already has a slot')",
     "M2": "0.5.23 (hybrid SSM): a queued turn on its slot's record, aborted, is finished "
           "(release_kv_cache -> try_cache_finished_req -> finish_req): its tokens become the "
           "checkpoint",
 }
 """Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
 takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
-Accepted = Literal["U1", "U2", "U3", "U6", "M2"]
+Accepted = Literal["U1", "U2", "U3", "U6", "U7", "M2"]
 assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 

@@ -681,6 +681,7 @@ ACCEPTED_INVARIANTS = {
     "U2": ("I20", "I26 req", "I28"),
     "U3": ("I20",),
     "U6": ("I20",),
+    "U7": (),               # the release raises: the spec stops at the same assertion
     "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
 """The invariants an accepted finding's known behaviour breaks on the spec itself ("ID" on
@@ -1226,8 +1227,15 @@ def _take(s: State, req: Req) -> None:
     """Borrow era `StreamingSession.take` (alloc_for_extend's maybe_hand_to_session): a
     streaming turn's first row allocation hands its record and admission lock to a new
     slot that publishes the prompt; the turn borrows the record from then on."""
-    if not _is_streaming(req) or req.session in s.slots:
+    if not _is_streaming(req):
         return
+    slot = s.slots.get(req.session)
+    if slot is not None:
+        if slot.row != req.row and accepts(s, "U7"):
+            raise ModelError(f"StreamingSession.take: session_id={str(req.session)!r} already "
+                             f"has a slot (req {req.rid} matched before its session's turn "
+                             f"took it in this round)", upstream=("already has a slot",))
+        return          # FIX(U7): a request not on its session's slot leaves it alone
     s.slots[req.session] = Slot(row=req.row, committed=req.committed, allocated=req.allocated,
                                 protected=req.protected,
                                 last_node=req.last_node if req.locked else None, publishes=True,

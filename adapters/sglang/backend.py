@@ -58,6 +58,22 @@ TESTED = {"0.5.15": "flat", "0.5.23": "borrow"}
 """The releases each API shape was built on (others are checked: docs/upstream-findings.md)."""
 
 
+
+class _RoundBudget:
+    """What one PrefillAdder has left while it admits a round (kvcheck's glue, as
+    spec/model.py `_Budget`): rows, KV tokens reserved by the requests admitted
+    (page-ceiled extends), the chunk (None: unchunked)."""
+
+    def __init__(self, rows: int, chunk):
+        self.rows, self.reserved, self.chunk = rows, 0, chunk
+
+    def charge(self, item: tuple, new_row: bool, P: int) -> None:
+        _, prefix, end, _ = item
+        self.reserved += pages_needed_extend(prefix, end, P) * P
+        self.rows -= new_row
+        if self.chunk is not None:
+            self.chunk -= -(-(end - prefix) // P) * P
+
 class UnsupportedRelease(RuntimeError):
     """An installed sglang whose bookkeeping API this adapter does not know."""
 
@@ -564,31 +580,80 @@ class SglangBackend:
         return "ok"
 
     def _op_schedule(self, op):
-        """get_new_batch_prefill for one waiting request: match, PrefillAdder admission
-        (persistent lock, row and KV budget), then prepare_for_extend of the first chunk."""
-        L = self.live[op.rid]
+        """get_new_batch_prefill for one waiting request: the round of one."""
+        return self._round([op.rid], None if op.admit else 0)
+
+    def _op_schedule_round(self, op):
+        return self._round(list(op.rids), op.limit)
+
+    def _round(self, rids: list, limit) -> str:
+        """get_new_batch_prefill: the chunked request's checkpoint and next chunk, then
+        each waiting request's `init_next_round_input` (match_prefix) and the PrefillAdder
+        admission (persistent lock; the round's row, KV and chunk budgets, shared) until
+        one is refused; then upstream's own `ScheduleBatch.init_new(can_run_list)
+        .prepare_for_extend()` allocates rows and KV for the whole batch and runs the
+        session hooks, and its result is processed request by request."""
+        budget = _RoundBudget(self.pool.available_size(), self.cfg.chunk_size)
+        batch = []
+        for i, rid in enumerate(rids):
+            if budget.chunk is not None and budget.chunk <= 0:
+                break
+            L = self.live[rid]
+            refused = limit is not None and i >= limit
+            if L.phase == "prefill":
+                item = self._add_chunked_req(L, budget, refused)
+            else:
+                item = self._add_one_req(L, budget, refused)
+                if item is None:
+                    break
+            if item is not None:
+                batch.append(item)
+                budget.charge(item, self._row(L.req) is None, self.P)
+                if item[2] < item[3] and L.phase != "prefill":
+                    break           # the new chunked request spends the chunk budget
+        if batch:
+            self._extend_batch(batch)
+            for L, _, end, input_len in batch:
+                L.phase = "prefill"
+                if end == input_len:
+                    self._prefill_result(L)
+        return "ok" if len(batch) == len(rids) else "rejected"
+
+    def _add_one_req(self, L, budget, refused: bool):
+        """init_next_round_input and PrefillAdder.add_one_req (kvcheck's admission glue):
+        (L, prefix, end, input_len), or None when the request is refused."""
         req = L.req
         req.init_next_round_input(self.cache)                 # match_prefix
         if self.shared:
             self._note_slot_copies(restored=req)
         prefix = self._prefix_len(req)
-        if not op.admit:
-            return self._rejected(req)
         input_len = len(req.origin_input_ids) + len(req.output_ids)
-        end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
+        end = chunk_end(prefix, input_len, budget.chunk, self.P)
+        if refused or end <= prefix < input_len:
+            self._rejected(req)
+            return None
         self._lock(L)                                         # _req_inc_lock_ref
-        no_row = self._row(req) is None and self.pool.available_size() == 0
-        need = pages_needed_extend(prefix, end, self.P) * self.P
+        no_row = self._row(req) is None and budget.rows < 1
+        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
         if no_row or hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or \
                 need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0] or \
                 (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)):
             self._unlock(L)
-            return self._rejected(req)
-        self._extend(L, prefix, end)
-        L.phase = "prefill"
-        if end == input_len:
-            self._prefill_result(L)
-        return "ok"
+            self._rejected(req)
+            return None
+        return L, prefix, end, input_len
+
+    def _add_chunked_req(self, L, budget, refused: bool):
+        """The chunked request's next round: its checkpoint (`_checkpoint_chunk`), then
+        PrefillAdder.add_chunked_req sizes the chunk by what the round has left; None
+        when the KV budget does not take it."""
+        prefix, input_len = self._checkpoint_chunk(L)
+        end = chunk_end(prefix, input_len, budget.chunk, self.P)
+        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
+        if refused or end <= prefix or \
+                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0]:
+            return None
+        return L, prefix, end, input_len
 
     def _rejected(self, req) -> str:
         """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
@@ -606,11 +671,7 @@ class SglangBackend:
         prepare_for_extend. The fill array is upstream's own: under U1/U2 a later turn's
         create_req rewrites a live turn's arrays in place (_share_token_arrays)."""
         L = self.live[op.rid]
-        req = L.req
-        self._cache_unfinished(L, chunked=True)
-        req.init_next_round_input()
-        prefix = self._chunk_prefix(L)
-        input_len = len(req.full_untruncated_fill_ids)
+        prefix, input_len = self._checkpoint_chunk(L)
         end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
         if not self._can_alloc_extend(prefix, end):
             return "oom"
@@ -618,6 +679,14 @@ class SglangBackend:
         if end == input_len:
             self._prefill_result(L)
         return "ok"
+
+    def _checkpoint_chunk(self, L) -> tuple:
+        """cache_unfinished_req(chunked=True) (0.5.23: stash_chunked_request), then
+        init_next_round_input() (no re-match; its refresh_fill_ids): (prefix, the fill
+        array's length, which add_chunked_req sizes the chunk by)."""
+        self._cache_unfinished(L, chunked=True)
+        L.req.init_next_round_input()
+        return self._chunk_prefix(L), len(L.req.full_untruncated_fill_ids)
 
     def _op_decode(self, op):
         """prepare_for_decode (alloc_for_decode of the last sampled token's slot), the
@@ -679,8 +748,11 @@ class SglangBackend:
         self._release(L)
 
     def _op_abort_queued(self, op):
+        return self._abort_queued(op.rid)
+
+    def _abort_queued(self, rid: int) -> str:
         """Scheduler.abort_request, waiting-queue branch: the request is popped."""
-        L = self.live.pop(op.rid)
+        L = self.live.pop(rid)
         if self.api == "borrow":
             self._abort_queued_borrow(L)
         if self.cfg.mamba_slots:            # "For mamba radix cache"
@@ -691,7 +763,7 @@ class SglangBackend:
         """Scheduler._add_request_to_queue refuses the request (_set_or_validate_priority
         or _abort_on_queued_limit): 0.5.15 returns with no cache or session call;
         0.5.22+ calls _release_aborted_request, as the waiting-queue abort does."""
-        return self._op_abort_queued(op)
+        return self._abort_queued(op.rid)
 
     def _op_pre_abort(self, op):
         """A fresh request: upstream's own `Req.set_finish_with_abort` (the validation
@@ -716,16 +788,66 @@ class SglangBackend:
         return "ok"
 
     def _op_retract(self, op):
-        """ScheduleBatch.retract_decode for one request: release_req (the real
-        module-level function: release_kv_cache(is_insert=False), evict,
-        reset_for_retract); the request goes back to the waiting queue."""
-        L = self.live[op.rid]
+        """ScheduleBatch.retract_decode for one request."""
+        self._retract(self.live[op.rid])
+        return "ok"
+
+    def _retract(self, L) -> None:
+        """release_req (the real module-level function: release_kv_cache(is_insert=False),
+        evict, reset_for_retract); the request goes back to the waiting queue."""
         self._lookahead(L)
         self._release_req(L)
         L.phase = "queued"
         L.locked = False
         L.batch = None
-        return "ok"
+
+    def _op_decode_round(self, op):
+        """update_running_batch and a decode step over the batch (kvcheck's glue, the
+        same steps as upstream's `check_decode_mem`, `retract_decode` and the batch's
+        `prepare_for_decode`): the batch's check, victims in retract_decode's order when
+        it fails, one eviction for the batch, then each request's upstream
+        prepare_for_decode (which then evicts nothing), forward and result, in batch
+        order."""
+        batch = [self.live[rid] for rid in op.rids]
+        out = "ok"
+        if not self._decode_mem_fits(batch):
+            batch = self._retract_decode(batch)
+            out = "oom"
+        self._evict_from_tree_cache(len(batch) * self.P)
+        for L in batch:
+            pos = self._lens(L.req)[0]
+            self._prepare_for_decode(L)
+            self._write_shadow(L.req, pos, pos + 1)
+        for L in batch:
+            L.req.output_ids.append(SAMPLED_TOKEN)
+        for L in batch:
+            self._check_finished(L)
+        return out
+
+    def _decode_mem_fits(self, batch: list) -> bool:
+        """ScheduleBatch.check_decode_mem (0.5.15 l.2453, 0.5.23 l.3432): a page for each
+        request whose next token starts one, after evict_from_tree_cache."""
+        need = self.P * sum(1 for L in batch if self._lens(L.req)[0] % self.P == 0)
+        self._evict_from_tree_cache(need)
+        return self.alloc.available_size() >= need
+
+    def _retract_decode(self, batch: list) -> list:
+        """ScheduleBatch.retract_decode (0.5.15 l.2470-2530, 0.5.23 l.3451-3540): the keep
+        order (output length, then the shorter prompt, reversed), one victim at least,
+        more until the rest fits; the last one aborted when even it does not fit."""
+        kept = sorted(batch, key=lambda L: (len(L.req.output_ids), -len(L.req.origin_input_ids)),
+                      reverse=True)
+        first = True
+        while first or not self._decode_mem_fits(kept):
+            if len(kept) == 1:
+                break
+            first = False
+            self._retract(kept.pop())
+        if len(kept) <= 1 and not self._decode_mem_fits(kept):
+            last = kept.pop()           # FINISH_ABORT: released as a retraction, then only
+            self._retract(last)         # an abort output is sent (no session or cache call)
+            self.live.pop(last.rid)
+        return [L for L in batch if any(L is k for k in kept)]
 
     def _op_close_session(self, op):
         from sglang.srt.managers.io_struct import CloseSessionReqInput
@@ -771,9 +893,13 @@ class SglangBackend:
     def _extend(self, L, prefix: int, end: int) -> None:
         """set_extend_range / extend_end, then ScheduleBatch.prepare_for_extend
         (alloc_for_extend: row, evict, allocator, write_cache_indices)."""
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
         req = L.req
+        self._set_extend_range(req, prefix, end)
+        L.batch = self._prepare_for_extend([req])
+        self._write_shadow(req, prefix, end, list(req.get_fill_ids()))
+
+    def _set_extend_range(self, req, prefix: int, end: int) -> None:
+        """What PrefillAdder records for the chunk: set_extend_range / extend_end."""
         if self.api == "flat" and hasattr(req, "set_extend_range"):
             req.set_extend_range(prefix, end)
         elif self.api == "flat":    # 0.5.11-0.5.14: PrefillAdder's fill_len + extend_input_len
@@ -781,13 +907,37 @@ class SglangBackend:
             req.fill_len = end
         else:
             req.extend_end = end
-        batch = ScheduleBatch.init_new([req], self.pool, self.alloc, self.cache,
+
+    def _prepare_for_extend(self, reqs: list):
+        """ScheduleBatch.init_new(reqs).prepare_for_extend(), as get_new_batch_prefill."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        batch = ScheduleBatch.init_new(reqs, self.pool, self.alloc, self.cache,
                                        self.model_config, False, SpeculativeAlgorithm.NONE)
         batch.prepare_for_extend()
         if self.cfg.prefill_aware_swa:  # get_new_batch_prefill: model_runner.prefill_aware_swa
-            req.kv.swa_evict_floor = req.extend_end
-        L.batch = batch
-        self._write_shadow(req, prefix, end, list(req.get_fill_ids()))
+            for req in reqs:
+                req.kv.swa_evict_floor = req.extend_end
+        return batch
+
+    def _extend_batch(self, batch: list) -> None:
+        """The round's batch through upstream's own `ScheduleBatch.init_new(reqs)
+        .prepare_for_extend()` (alloc_for_extend: rows, one eviction, the allocation,
+        write_cache_indices, each request's session hook); then each request gets a
+        batch of its own (`filter_batch`, upstream's) for the steps after it."""
+        if len(batch) == 1:
+            L, prefix, end, _ = batch[0]
+            self._extend(L, prefix, end)
+            return
+        for L, prefix, end, _ in batch:
+            self._set_extend_range(L.req, prefix, end)
+        whole = self._prepare_for_extend([L.req for L, *_ in batch])
+        for i, (L, prefix, end, _) in enumerate(batch):
+            one = copy.copy(whole)          # filter_batch rebinds the batch's fields
+            one.sampling_info = copy.copy(whole.sampling_info)     # and this one's
+            one.filter_batch(keep_indices=[i])
+            L.batch = one
+            self._write_shadow(L.req, prefix, end, list(L.req.get_fill_ids()))
 
     def _chunk_prefix(self, L) -> int:
         return self._prefix_len(L.req)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Optional
 
 from spec import ops as O
-from spec.model import queued_borrow_holds_mamba
+from spec.model import queued_borrow_holds_mamba, refusal, step
 
 RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
             "0.5.15": ("U1", "U2", "U3", "M2"),
@@ -22,11 +22,12 @@ RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
             "0.5.17": ("U1", "U2", "U3", "M2"),
             "0.5.18": ("U1", "U2", "U3", "M2"),
             "0.5.19": ("U1", "U2", "U3", "M2"),
-            "0.5.22": ("U1", "U2", "U6", "M2"),
-            "0.5.23": ("U1", "U2", "U6", "M2")}
+            "0.5.22": ("U1", "U2", "U6", "U7", "M2"),
+            "0.5.23": ("U1", "U2", "U6", "U7", "M2")}
 """release -> findings present in it (0.5.14 and 0.5.16-0.5.19 as 0.5.15, 0.5.22 as 0.5.23: their
 copies of those releases' traces, in stateful_tests/upstream/, all as expected there; U3 is
-fixed in 0.5.22; U6 is new there, brought by that fix; U4 is withdrawn: it is the
+fixed in 0.5.22; U6 is new there, brought by that fix; U7: the borrow era's slot taken at
+the first turn's allocation, scheduling rounds only; U4 is withdrawn: it is the
 wrong-token consequence of U1/U2; M2: hybrid SSM models only)."""
 
 
@@ -43,6 +44,36 @@ def _queued_stub_of_busy_session(s, rid) -> bool:
     return sess is not None and sess.inflight_rid not in (None, rid)
 
 
+def _stub_in_first_round(s, op) -> bool:
+    """U7's trigger: a prefill round that names a turn of a session with no slot and,
+    after it, that session's pre-aborted stub (still attached: with no slot its match
+    does not detach it), both admitted: the turn's `take` makes the slot, the stub's
+    `take` then meets it."""
+    if s.cfg.era != "borrow" or not isinstance(op, O.ScheduleRound):
+        return False
+    first = {}
+    for rid in op.rids:
+        r = s.reqs.get(rid)
+        if r is None or r.session is None or r.session in s.slots or r.phase != "queued":
+            continue
+        if r.to_finish and r.session in first:
+            return True
+        first.setdefault(r.session, rid)
+    return False
+
+
+def _decode_round_retracts_turn(s, op) -> bool:
+    """A decode round whose `retract_decode` retracts (or aborts) a streaming turn: U2's
+    retract path."""
+    if not isinstance(op, O.DecodeRound) or not any(_streaming_turn(s, r) for r in op.rids):
+        return False
+    if refusal(s, op) is not None:
+        return False
+    after, _ = step(s, op)
+    return any(_streaming_turn(s, r) and (r not in after.reqs or after.reqs[r].is_retracted)
+               for r in op.rids)
+
+
 def _trigger(s, op) -> Optional[str]:
     if isinstance(op, O.SubmitTurn):
         sess = s.sessions.get(op.sid)
@@ -50,6 +81,10 @@ def _trigger(s, op) -> Optional[str]:
             return "U1"     # H3: the rejected stub's abort_req clears another turn's _inflight
     if isinstance(op, O.Retract) and _streaming_turn(s, op.rid):
         return "U2"         # H4: retract runs finish_req (checkpoint advances, _inflight cleared)
+    if _decode_round_retracts_turn(s, op):
+        return "U2"
+    if _stub_in_first_round(s, op):
+        return "U7"         # the stub's take meets the slot its session's turn just took
     if isinstance(op, O.AbortQueued) and op.rid in s.reqs and \
             queued_borrow_holds_mamba(s, s.reqs[op.rid]):
         return "M2"         # the queued turn on its slot's Mamba record is finished
