@@ -98,6 +98,40 @@ FAULTS: dict[str, str] = {
         "drops its own as if donated instead of free_mamba_cache: the slot leaks (I44)",
     "swa_dead_lo_ignores_floor":
         "0.5.23 ReqKvInfo.swa_dead_lo ignores swa_evict_floor (prefill-aware SWA): window eviction frees the prompt's SWA KV (D1)",
+    # scheduling rounds (impl/scheduler.py schedule_round, decode_round)
+    "round_kv_budget_not_shared":
+        "PrefillAdder forgets what earlier requests of the round reserved: each is admitted against "
+        "the whole free and evictable KV, and the batch's allocation fails after admission (E1)",
+    "round_rows_not_shared":
+        "PrefillAdder forgets the rows earlier requests of the round take: the batch's "
+        "alloc_req_slots runs out (E1)",
+    "round_refused_keeps_lock":
+        "a request the round's budget refuses keeps its admission lock (no dec_lock_ref): the "
+        "matched prefix stays locked with no holder (I13)",
+    "round_evicts_per_request":
+        "prepare_for_extend evicts for each request of the batch as it allocates instead of once "
+        "for the batch's extend (D1: other nodes evicted)",
+    "round_hook_skips_second":
+        "maybe_hand_to_session runs for the batch's first request only: a later turn of the round "
+        "never hands its record to a slot (D1)",
+    "round_chunk_left_behind":
+        "the round never continues the chunked request (add_chunked_req admits nothing): its "
+        "prefill stalls while new requests run (D1)",
+    "round_chunk_budget_not_shared":
+        "each request of the round gets the whole chunk budget: a round prefills more than "
+        "chunked_prefill_size tokens and no request is cut into a chunk (D1)",
+    "retract_victim_most_output":
+        "retract_decode pops from the front of its keep order: the request with the most output "
+        "is retracted first (D1)",
+    "retract_decode_keeps_retracting":
+        "retract_decode's loop does not stop when the rest fits: every request but one is "
+        "retracted (D1)",
+    "decode_round_skips_finish":
+        "the decode round's result never finishes a request at max_new_tokens: it keeps its "
+        "KV and row past its last token (D1)",
+    "round_stub_drops_slot":
+        "a pre-aborted stub's abort drops its session's slot although it never ran on it (U7's "
+        "path without the assertion): the slot is released under the session's running turn (I22)",
 }
 
 ACTIVE: set[str] = set()

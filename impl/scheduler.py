@@ -257,6 +257,12 @@ class Scheduler:
             if item is not None:
                 batch.append(item)
                 budget.charge(item, self.page_size)
+                if "round_kv_budget_not_shared" in faults.ACTIVE:
+                    budget.reserved = 0
+                if "round_rows_not_shared" in faults.ACTIVE:
+                    budget.rows = self.req_to_token_pool.available_size()
+                if "round_chunk_budget_not_shared" in faults.ACTIVE:
+                    budget.chunk = self.chunk_size
                 if item[2] < len(req.fill_ids) and req.phase != "prefill":
                     break           # the new chunked request spends the chunk budget
         return batch
@@ -284,7 +290,8 @@ class Scheduler:
         if self.swa_window:
             req.swa_uuid_for_lock = swa_lock_boundary(self.radix_cache, last_node)
         if not self._extend_fits(prefix_len, end, budget.reserved) or self._mamba_tree_short(req):
-            self.tree_cache.dec_lock_ref(last_node)
+            if not (budget.reserved and "round_refused_keeps_lock" in faults.ACTIVE):
+                self.tree_cache.dec_lock_ref(last_node)
             req.lock_held = was_held
             self._rejected(req)
             return None
@@ -298,6 +305,8 @@ class Scheduler:
         the round has left; None when the KV budget does not take it."""
         start = self._checkpoint_chunk(req)
         end = chunk_end(start, len(req.fill_ids), budget.chunk, self.page_size)
+        if "round_chunk_left_behind" in faults.ACTIVE:
+            refused = True
         if refused or end <= start or not self._extend_fits(start, end, budget.reserved):
             return None
         return req, start, end
@@ -321,15 +330,17 @@ class Scheduler:
             if self.radix_cache.mamba is not None:
                 self.radix_cache.mamba.ensure_mamba_capacity(pool.mamba_slots_needed(req))
         P = self.page_size
-        common.evict_from_tree_cache(self.tree_cache, self.token_to_kv_pool_allocator,
-                                     sum(end - prefix for _, prefix, end in batch)
-                                     + (len(batch) * P if P > 1 else 0))
+        per_request = "round_evicts_per_request" in faults.ACTIVE
+        if not per_request:
+            common.evict_from_tree_cache(self.tree_cache, self.token_to_kv_pool_allocator,
+                                         sum(end - prefix for _, prefix, end in batch)
+                                         + (len(batch) * P if P > 1 else 0))
         for req, prefix, end in batch:
-            if not common.alloc_for_extend(self, req, prefix, end, evict=False):
+            if not common.alloc_for_extend(self, req, prefix, end, evict=per_request):
                 raise RuntimeError(f"req {req.rid}: alloc_for_extend failed after admission")
-        for req, _, _ in batch:
+        for i, (req, _, _) in enumerate(batch):
             set_swa_evict_floor(self, req)
-            if self.era == "borrow":
+            if self.era == "borrow" and not (i and "round_hook_skips_second" in faults.ACTIVE):
                 self.tree_cache.take(req)
 
     def _process_prefill_result(self, batch: list) -> None:
@@ -413,7 +424,8 @@ class Scheduler:
             req.kv_allocated_len = max(req.kv_allocated_len, req.kv_committed_len)
             req.output_ids.append(1)
         for req in reqs:
-            self._check_finished(req)
+            if "decode_round_skips_finish" not in faults.ACTIVE:
+                self._check_finished(req)
         return out
 
     def _check_decode_mem(self, reqs: list) -> bool:
@@ -431,11 +443,12 @@ class Scheduler:
         kept = sorted(reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)),
                       reverse=True)
         first = True
-        while first or not self._check_decode_mem(kept):
+        while first or not self._check_decode_mem(kept) or \
+                "retract_decode_keeps_retracting" in faults.ACTIVE:
             if len(kept) == 1:
                 break
             first = False
-            self._retract_req(kept.pop())
+            self._retract_req(kept.pop(0 if "retract_victim_most_output" in faults.ACTIVE else -1))
         if len(kept) <= 1 and not self._check_decode_mem(kept):
             last = kept.pop()
             self._retract_req(last)

@@ -219,7 +219,8 @@ class StreamingSession:
         turn took the slot in the same round) leaves the slot alone."""
         session = req.session
         slot = self.slots.get(session.session_id)
-        if slot is not None and slot.req_pool_idx == req.req_pool_idx:
+        if slot is not None and (slot.req_pool_idx == req.req_pool_idx
+                                 or "round_stub_drops_slot" in faults.ACTIVE):
             del self.slots[session.session_id]      # only the slot the request runs on
             if slot.last_node is not None:
                 self.inner.dec_lock_ref(slot.last_node)

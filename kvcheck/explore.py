@@ -67,6 +67,8 @@ class Scope:
     decode_tokens: tuple = (1,)       # Decode / SpecDecode token choices
     evict: tuple = ()                 # Evict(num_tokens) choices (() = no evict op)
     reject: bool = True               # also try Schedule(admit=False)
+    rounds: bool = False              # also schedule_round / decode_round over every order
+                                      # of the waiting / decoding requests (2 or more)
     max_depth: int = 12
     name: str = "custom"
     out_of_reach: tuple = ()          # situation ids the scope cannot reach, by design
@@ -85,7 +87,8 @@ class Scope:
                 f"max_live={self.max_live} prompts={_fmt_words(self.prompts)} "
                 f"turns={_fmt_words(self.turns)} max_new={list(self.max_new)} "
                 f"decode_tokens={list(self.decode_tokens)} evict={list(self.evict)} "
-                f"reject={self.reject} depth<={self.max_depth}")
+                f"reject={self.reject}{' rounds' if self.rounds else ''} "
+                f"depth<={self.max_depth}")
 
 
 def _fmt_words(ws) -> str:
@@ -146,6 +149,17 @@ TWO_SESSIONS_SCOPE = _scope(
 """Two sessions sharing the tree with a plain request."""
 
 
+ROUNDS_SCOPE = _scope(
+    "check-rounds", dict(page_size=2, num_pages=4, num_rows=3, max_context_len=16, chunk_size=4,
+                         era="borrow"),
+    sessions=1, plain=1, max_live=3, prompts=((2, 2, 3),), turns=((2,), (2, 2, 2)),
+    max_new=(3,), evict=(2,), reject=False, rounds=True, max_depth=12)
+"""Scheduling rounds (borrow era): up to three requests waiting or decoding at once, so a
+prefill round admits a session's turn beside its rejected stub or beside a plain request
+on the shared prefix, and a decode round runs short of pages and retracts; 4-token
+chunks, so a round can also continue a chunked request beside new ones."""
+
+
 PRESETS: dict[str, tuple] = {
     # `make check` (`kvcheck check`: one part per scope, the parts spread over the cores, the
     # largest first): 357,263 distinct states in all, every state within the depth bound;
@@ -173,6 +187,7 @@ PRESETS: dict[str, tuple] = {
                                            max_drafts=2, chunk_size=4),
                sessions=1, plain=1, max_live=2, prompts=((2, 2, 3, 1, 2),),
                turns=((2, 2, 2), (2,)), max_new=(3,), evict=(4,), max_depth=13),
+        ROUNDS_SCOPE,
         # 0.5.15's MambaRadixCache (wrapper era, its era rules) with 2-token chunks
         replace(MAMBA_TREE_SCOPE, name="check-mamba-tree-0515", max_depth=11,
                 cfg=replace(MAMBA_TREE_SCOPE.cfg, era="wrapper", chunk_size=2)),
@@ -206,6 +221,8 @@ PRESETS: dict[str, tuple] = {
                max_new=(1, 2), evict=(2,), max_depth=11),
     ),
     "p1": (P1_SCOPE,),
+    # scheduling rounds alone (ROUNDS_SCOPE)
+    "rounds": (ROUNDS_SCOPE,),
 }
 
 
@@ -223,7 +240,9 @@ CHECK_IMPL = (("impl-tiny", "tiny", "tiny", 8, {}),
               ("impl-hybrid-borrow-pa", "check", "check-hybrid-borrow", 7,
                {"prefill_aware_swa": True}),
               ("impl-mamba-tree", "check", "check-mamba-tree", 6, {}),
-              ("impl-mamba-tree-0515", "check", "check-mamba-tree-0515", 6, {}))
+              ("impl-mamba-tree-0515", "check", "check-mamba-tree-0515", 6, {}),
+              ("impl-rounds", "rounds", "check-rounds", 8, {}),
+              ("impl-rounds-wrapper", "rounds", "check-rounds", 7, {"era": "wrapper", "num_rows": 2}))
 """`make check`'s exhaustive differential (`kvcheck explore --preset check-impl --backend
 impl`, kvcheck/engines/exhaustive.py): (name, preset, scope, depth, config changes) of the
 smaller scopes whose every transition runs on the spec and impl side by side: the check
@@ -251,14 +270,16 @@ CHECK_SGLANG = {
                ("sglang-p4-spec-chunk", "check", "check-p4-spec-chunk", 7, {}),
                ("sglang-swa", "check", "check-hybrid", 6, _NO_MAMBA),
                ("sglang-mamba-tree", "check", "check-mamba-tree-0515", 6, {}),
-               ("sglang-two-sessions", "check", "check-two-sessions", 7, {}, _TWO_SESSIONS)),
+               ("sglang-two-sessions", "check", "check-two-sessions", 7, {}, _TWO_SESSIONS),
+               ("sglang-rounds", "rounds", "check-rounds", 7, {"era": "wrapper"})),
     "0.5.23": (("sglang-tiny", "tiny", "tiny", 8, {"era": "borrow"}),
                ("sglang-p1", "tiny", "tiny", 7, {"era": "borrow", **_P1}),
                ("sglang-spec-borrow", "check", "check-spec-borrow", 7, {}),
                ("sglang-swa", "check", "check-hybrid-borrow", 6, _NO_MAMBA),
                ("sglang-mamba-tree", "check", "check-mamba-tree", 6, {}),
                ("sglang-two-sessions", "check", "check-two-sessions", 7, {"era": "borrow"},
-                _TWO_SESSIONS)),
+                _TWO_SESSIONS),
+               ("sglang-rounds", "rounds", "check-rounds", 7, {})),
 }
 """`make check-sglang`'s exhaustive differential against each release (`kvcheck explore
 --preset check-sglang-VERSION --backend sglang:VERSION`): check-impl's kinds of
@@ -619,6 +640,11 @@ def _build_ops(sc: Scope, key: tuple) -> tuple:
                      for toks in sc.prompts for mn in sc.max_new)
     if kind == "evict":
         return tuple(O.Evict(n) for n in sc.evict)
+    if kind == "prefill_round":       # key[1]: the chunked request (or None), key[2]: waiting
+        head = () if key[1] is None else (key[1],)
+        return tuple(O.ScheduleRound(head + order) for order in itertools.permutations(key[2]))
+    if kind == "decode_round":
+        return tuple(O.DecodeRound(order) for order in itertools.permutations(key[1]))
     rid, cfg = key[1], sc.cfg
     cands = [O.Schedule(rid, True)]
     if sc.reject:
@@ -668,7 +694,25 @@ def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
     for rid in sorted(s_reqs):
         ops.extend(op for op in _ops_of(sc, ("req", rid)) if enabled(s, op))
     ops.extend(op for op in _ops_of(sc, ("evict",)) if enabled(s, op))
+    if sc.rounds:
+        ops.extend(op for key in _round_keys(s_reqs) for op in _ops_of(sc, key) if enabled(s, op))
     return ops
+
+
+def _round_keys(reqs: dict) -> list:
+    """The rounds worth trying here, as `_ops_of` keys: a prefill round over the waiting
+    requests (after the chunked one, if any) when it names two or more, in every order
+    (the policy's); a decode round over two or more decoding requests, in every batch
+    order. A round of one is the scope's `schedule`."""
+    waiting = tuple(sorted(r for r, x in reqs.items() if x.phase == "queued"))
+    chunked = sorted(r for r, x in reqs.items() if x.phase == "prefill")
+    decoding = tuple(sorted(r for r, x in reqs.items() if x.phase == "decode"))
+    keys = []
+    if len(waiting) + len(chunked[:1]) >= 2:
+        keys.append(("prefill_round", chunked[0] if chunked else None, waiting))
+    if len(decoding) >= 2:
+        keys.append(("decode_round", decoding))
+    return keys
 
 
 # ---------------------------------------------------------------------------
@@ -821,6 +865,59 @@ def _mamba_back_from_slot(cfg, b, op, out, a):
                for sid, t in dict.items(b.slots))
 
 
+ROUND_OPS = frozenset({O.ScheduleRound.name, O.DecodeRound.name})
+
+
+def _admitted(b: State, op, a: State) -> list:
+    """The waiting requests a prefill round admitted (they left the queue)."""
+    if not isinstance(op, O.ScheduleRound):
+        return []
+    return [r for r in op.rids if b.reqs[r].phase == "queued"
+            and (r not in a.reqs or a.reqs[r].phase != "queued")]
+
+
+def _round_admits_several(cfg, b, op, out, a):
+    return len(_admitted(b, op, a)) >= 2
+
+
+def _round_turn_beside_stub(cfg, b, op, out, a):
+    """A session's turn and its rejected stub admitted in one round (U7's interleaving)."""
+    got = [b.reqs[r] for r in _admitted(b, op, a)]
+    return any(x.session is not None and x.rejected and
+               any(y.session == x.session and not y.rejected for y in got) for x in got)
+
+
+def _round_budget_cut(cfg, b, op, out, a):
+    """A round admitted some requests and the shared budget refused a later one."""
+    return out == "rejected" and len(_admitted(b, op, a)) >= 1
+
+
+def _round_chunk_beside_new(cfg, b, op, out, a):
+    return isinstance(op, O.ScheduleRound) and b.reqs[op.rids[0]].phase == "prefill" \
+        and len(_admitted(b, op, a)) >= 1
+
+
+def _retracted_by_round(b: State, op, a: State) -> list:
+    if not isinstance(op, O.DecodeRound):
+        return []
+    return [r for r in op.rids if r not in a.reqs or a.reqs[r].phase == "queued"]
+
+
+ROUND_SITUATIONS: tuple = (
+    Situation("round_admits_several", "a prefill round admits two or more requests",
+              _round_admits_several),
+    Situation("round_turn_beside_stub", "a session's turn and its rejected stub in one round",
+              _round_turn_beside_stub, lambda c: c.era == "borrow", "wrapper era"),
+    Situation("round_budget_cut", "a round's shared budget refuses a request after others",
+              _round_budget_cut),
+    Situation("round_chunk_beside_new", "a round continues the chunked request beside new ones",
+              _round_chunk_beside_new, lambda c: c.chunk_size is not None, "no chunk size"),
+    Situation("decode_round_retracts", "a decode round short of pages retracts a request",
+              lambda cfg, b, op, out, a: len(_retracted_by_round(b, op, a)) >= 1),
+)
+"""Interleavings only a round produces (goals of a scope with `rounds`)."""
+
+
 HYBRID_SITUATIONS: tuple = (
     Situation("swa_window_freed", "an out-of-window SWA free (a decode moves swa_evicted_seqlen)",
               _swa_window_freed, lambda c: c.swa_window > 0, "no SWA"),
@@ -863,10 +960,13 @@ SITUATIONS: tuple = (
               "finish)", _spec_overshoot, lambda c: c.spec_enabled, "spec off"),
     Situation("shared_lock", "a tree node locked by two holders", _shared_lock),
     Situation("slot_lends_row", "a later turn admitted on its slot's row", _slot_lends_row),
-) + HYBRID_SITUATIONS
+) + HYBRID_SITUATIONS + ROUND_SITUATIONS
 
 
-def _op_applies(name: str, cfg: Config) -> Optional[str]:
+def _op_applies(name: str, sc: Scope) -> Optional[str]:
+    cfg = sc.cfg
+    if name in ROUND_OPS and not sc.rounds:
+        return "no rounds in scope"
     if name == "decode" and cfg.spec_enabled:
         return "spec on"
     if name == "spec_decode" and not cfg.spec_enabled:
@@ -1306,7 +1406,7 @@ def report(res: Result, out=None) -> None:
           f"re-execution where expanded): {res.rebuilt_levels}")
     w("  operations (transitions taken; first depth; outcomes):")
     for name in O.OP_NAMES:
-        na = _op_applies(name, cfg)
+        na = _op_applies(name, res.scope)
         if name in res.op_first:
             outs = ", ".join(f"{o} {res.outcome_counts[(name, o)]}@{res.outcome_first[(name, o)]}"
                              for o in O.OUTCOMES if (name, o) in res.outcome_first)
@@ -1321,6 +1421,8 @@ def report(res: Result, out=None) -> None:
             w(f"    reached at depth {res.reached[x.id]:2d}  {x.id}: {x.text}")
         elif not x.applies(cfg):
             w(f"    n/a ({x.why_not})   {x.id}: {x.text}")
+        elif x in ROUND_SITUATIONS and not res.scope.rounds:
+            w(f"    n/a (no rounds in scope)   {x.id}: {x.text}")
         elif x.id in res.scope.out_of_reach:
             w(f"    out of reach         {x.id}: {x.text}")
         else:
@@ -1335,8 +1437,9 @@ def report(res: Result, out=None) -> None:
 def missed(res: Result) -> list:
     """Reachability goals that apply to the scope's config but were not reached."""
     cfg = res.scope.cfg
-    out = [n for n in O.OP_NAMES if n not in res.op_first and not _op_applies(n, cfg)]
+    out = [n for n in O.OP_NAMES if n not in res.op_first and not _op_applies(n, res.scope)]
     out += [x.id for x in SITUATIONS if x.applies(cfg) and x.id not in res.reached
+            and (res.scope.rounds or x not in ROUND_SITUATIONS)
             and x.id not in res.scope.out_of_reach]
     return out
 
