@@ -39,3 +39,16 @@ def test_readme_exit_codes_are_the_clis():
     codes = {int(c) for c in re.findall(r"^\| (\d+) \| ", text, re.M)}
     assert codes == {cli.EXIT_OK, cli.EXIT_FINDING, cli.EXIT_USAGE, cli.EXIT_INTERRUPTED,
                      cli.EXIT_PIPE}
+
+
+def test_make_bench_writes_its_sections_of_speed_md(tmp_path):
+    from benchmarks import doc
+    text = (ROOT / "docs" / "speed.md").read_text()
+    for name in ("summary", "coverage"):
+        assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text
+    f = tmp_path / "speed.md"
+    f.write_text("a\n<!-- bench:x -->\nold\n<!-- /bench:x -->\nb\n")
+    assert doc.main(["x", str(f), "--from", "== t", "--", "python3", "-c",
+                     "print('progress'); print('== t'); print('row 1')"]) == 0
+    assert f.read_text().startswith("a\n<!-- bench:x -->\n`python -c")
+    assert "```\n== t\nrow 1\n```\n<!-- /bench:x -->\nb\n" in f.read_text()
