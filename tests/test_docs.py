@@ -52,3 +52,10 @@ def test_make_bench_writes_its_sections_of_speed_md(tmp_path):
                      "print('progress'); print('== t'); print('row 1')"]) == 0
     assert f.read_text().startswith("a\n<!-- bench:x -->\n`python -c")
     assert "```\n== t\nrow 1\n```\n<!-- /bench:x -->\nb\n" in f.read_text()
+
+
+def test_every_relative_link_resolves():
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.name}: {target}"
