@@ -69,10 +69,11 @@ prove: $(STAMP)
 selftest: $(STAMP)
 	$(VENV)/bin/kvcheck selftest
 
-# one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part
+# one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part;
+# each table is written into docs/speed.md under the machine it ran on
 bench: $(STAMP)
-	$(PY) -m benchmarks.summary
-	$(PY) -m benchmarks.bench_coverage
+	$(PY) -m benchmarks.doc summary docs/speed.md --from "== summary" -- $(PY) -m benchmarks.summary
+	$(PY) -m benchmarks.doc coverage docs/speed.md -- $(PY) -m benchmarks.bench_coverage
 
 # the exhaustive differential against each release with each planted upstream fault
 # (adapters/sglang/faults.py): caught where, how fast; the clean releases pass (~10 min)

@@ -178,7 +178,7 @@ def check_rows(quick: bool) -> list:
         if not js.exists():
             return [("check", f"no report (exit {p.returncode}): {p.stderr.strip()[-200:]}")]
         data = json.loads(js.read_text())
-    rows = [(f"check: {part['name'][:44]}", f"{part['seconds']:.1f} s"
+    rows = [(f"check: {part['name']}", f"{part['seconds']:.1f} s"
              + (f" ({part['cpu_seconds']:.1f} CPU-s)" if "cpu_seconds" in part else "")
              + ("" if part["ok"] else " FAILED")) for part in data["parts"]]
     rows.append(("check: whole run (wall, with start-up)",

@@ -47,7 +47,7 @@ SGLANG_TARGETS: tuple = (
     ("srt/mem_cache/radix_cache.py", None),
     ("srt/mem_cache/unified_radix_cache.py", None),
     # 0.5.23's tree components: FULL always, MAMBA with `mamba_tree`, SWA with swa_window
-    # (drawn in runs since the swa3 branch; prefill-aware SWA stays refused)
+    # (prefill-aware SWA stays refused)
     ("srt/mem_cache/unified_cache/components/*.py", None),
     ("srt/mem_cache/common.py", ("release_kv_cache", "maybe_cache_unfinished_req",
                                  "checkpoint_kv_cache", "evict_from_tree_cache",

@@ -162,9 +162,8 @@ chunks, so a round can also continue a chunked request beside new ones."""
 
 PRESETS: dict[str, tuple] = {
     # `make check` (`kvcheck check`: one part per scope, the parts spread over the cores, the
-    # largest first): 357,263 distinct states in all, every state within the depth bound;
-    # about 100 CPU-s interpreted. Ten times the three scopes it had until December 2026
-    # (check-overlap to depth 11, check-spec-borrow to 10, check-hybrid to 9: 35,480).
+    # largest first): 357,263 distinct states in all, every state within the depth bound
+    # (`make bench`'s check rows time it).
     "check": (
         replace(TWO_SESSIONS_SCOPE, name="check-two-sessions", max_depth=9),
         _scope("check-overlap", dict(page_size=2, num_pages=4, num_rows=2, max_context_len=16,

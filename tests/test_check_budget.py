@@ -1,4 +1,4 @@
-"""Issue 14 item 5: `check`'s differential run reaches the retry of a retracted request
+"""`check`'s differential run reaches the retry of a retracted request
 (plain and from a session slot) with the budget `make check` gives it, not only through
 a corpus trace; and it fails, naming the path, when a path is not reached."""
 from __future__ import annotations

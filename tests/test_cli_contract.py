@@ -1,4 +1,4 @@
-"""The command-line contract CI relies on (issue 11): exit 0 nothing found, 1 a finding,
+"""The command-line contract CI relies on: exit 0 nothing found, 1 a finding,
 2 a usage or input error reported as ONE line naming the flag or field (and what it
 allows) before any work starts, 130 interrupted; never a traceback.
 

@@ -1,4 +1,4 @@
-"""Issue 12: pre-abort as upstream does it, recorded findings as a switch
+"""Pre-abort as upstream does it, recorded findings as a switch
 (`Config.accept`), the queue-door refusal, the wrapper-era creation tick, and the
 conformance step's refusal of shapes upstream cannot produce. Spec and impl/ only; the
 real-release side is in test_sglang_adapter.py."""
@@ -88,7 +88,7 @@ def test_accept_u2_retract_runs_finish_req():
     assert known.sessions[1].checkpoint == known.reqs[2].fill_ids
 
 
-# Issue 12, the r351 divergence: a session holds one token array per checkpoint request,
+# S5 (docs/upstream-findings.md): a session holds one token array per checkpoint request,
 # not one array (the trace kept as stateful_tests/upstream/u1-two-arrays-one-session-*).
 TWO_ARRAYS = [O.OpenSession(1), O.SubmitTurn(1, 1, (11, 12), 3), O.Schedule(1),
               O.SubmitTurn(1, 2, (13,), 2), O.Schedule(2),            # stub detach: U1

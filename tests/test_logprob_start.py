@@ -1,4 +1,4 @@
-"""Issue 14 item 5: `logprob_start_len`, the turn parameter upstream accepts that changes
+"""`logprob_start_len`, the turn parameter upstream accepts that changes
 the prefix match (`Req._compute_max_prefix_len`), in the vocabulary, spec and impl/."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 14 item 5: the LRU order of evictable leaves is part of the abstract state (as
+"""The LRU order of evictable leaves is part of the abstract state (as
 ranks), so a stale access stamp is a divergence at the step that makes it, not at a
 later eviction that happens to pick another node."""
 from __future__ import annotations

@@ -79,7 +79,7 @@ def test_era_mismatch_refused():
         SglangProxy(Config(era="borrow"), version="0.5.15")
 
 
-# -- issue 12: fidelity ---------------------------------------------------------------
+# -- fidelity -----------------------------------------------------------------------
 
 def _releases():
     return [pytest.param(v, marks=pytest.mark.skipif(not (ROOT / f".venv-sglang-{v}/bin/python").exists(),
@@ -126,7 +126,7 @@ def test_conformance_runs_the_release_past_the_first_failure(capsys):
 
 @pytest.mark.parametrize("version", ["0.5.15", "0.5.23"])
 def test_real_swa_allocator_runs_on_the_cpu(version):
-    """Issue 15: the release's own SWATokenToKVPoolAllocator over a real one-head SWAKVPool
+    """The release's own SWATokenToKVPoolAllocator over a real one-head SWAKVPool
     needs no CUDA and no stand-in (adapters/sglang/hybrid.py `swa_probe`, run by the
     served release): 3 full pages each mapped to an SWA page; the window's free_swa
     returns one SWA page and no full one; free returns the rest."""

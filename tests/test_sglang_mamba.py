@@ -1,4 +1,4 @@
-"""Mamba on the borrow era (0.5.23, issue 15 item 4): the record a turn borrows carries
+"""Mamba on the borrow era (0.5.23): the record a turn borrows carries
 its Mamba refs from `take` on (spec and impl); the disabled radix cache
 (`config.disable_radix_cache`), the 0.5.23 pairing whose tree keeps no Mamba state, in
 the spec, impl/ and on the real release; and what the real 0.5.23 tree does with Mamba

@@ -1,4 +1,4 @@
-"""Issue 14 item 7: what the sglang adapter reaches in a real release. Upstream's own
+"""What the sglang adapter reaches in a real release. Upstream's own
 idle leak checks (`session_held_*` through `SchedulerInvariantChecker`) run as concrete
 checks (L1, L2) beside kvcheck's held count; the `--accept` walk reaches the retry of a
 retracted streaming turn (`_free_tail` freeing, `try_match_prefix`'s clamp). Each test

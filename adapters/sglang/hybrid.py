@@ -10,7 +10,7 @@ given (`size`, `replayssm_write_pos = None`: no ReplaySSM). The pool object is a
 `HybridReqToTokenPool` whose `__init__` (which would build `MambaPool`) is replaced by
 `ReqToTokenPool.__init__` plus the attributes `_init_mamba_pool` sets.
 
-SWA (issue 15): the real `SWATokenToKVPoolAllocator` constructs and runs on the CPU in
+SWA: the real `SWATokenToKVPoolAllocator` constructs and runs on the CPU in
 0.5.15 and 0.5.23 over a real one-head `SWAKVPool` (`swa_allocator`), with no stand-in.
 0.5.15 (wrapper era): the tree production pairs with it, `SWARadixCache` wrapped by
 `StreamingSession`, is driven too (adapters/sglang/swa_tree.py). 0.5.23 (borrow era):
@@ -26,7 +26,7 @@ without prefill-aware SWA passes. `refusal` keeps one line for prefill-aware SWA
 tree (candidate W1: 0.5.23 builds it only for an all-SWA model, `PureSWARadixCache`) and
 one for SWA beside a Mamba pool or a disabled tree (not driven).
 
-Mamba on 0.5.23 (borrow era; issue 15 item 4), two pairings, both driven:
+Mamba on 0.5.23 (borrow era), two pairings, both driven:
 - the tree on, `config.mamba_tree`: `UnifiedRadixCache` with FULL + MAMBA components, what
   production builds for a hybrid SSM model (`registry.py` `create_unified_radix_cache`
   l.149-169; `seed_server_args` gives the component its `mamba_cache_chunk_size`).

@@ -184,9 +184,8 @@ def draw_mamba_tree_in(d: Drawer, cfg: Config, era_drawn: bool = False) -> Confi
     after the rest of the config (as `draw_tree_off`), so every config that is not
     Mamba-only draws as before. A wrapper-era cfg takes part only where its era was drawn
     (not asked for: a caller that asks for an era names the kinds it drives, as the
-    sglang:0.5.15 backend names "mamba-tree"). Until December 2026 a drawn wrapper-era cfg
-    became a borrow-era one here, so spec-vs-impl runs never drew 0.5.15's tree (300
-    sequences of it, `walk` seed 1, agree step for step)."""
+    sglang:0.5.15 backend names "mamba-tree"), so spec-vs-impl runs draw 0.5.15's tree too
+    (300 sequences of it, `walk` seed 1, agree step for step)."""
     from dataclasses import replace
     if not cfg.mamba_slots or cfg.swa_window or cfg.disable_radix_cache:
         return cfg
