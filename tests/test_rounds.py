@@ -1,6 +1,7 @@
 """Scheduling rounds in the spec: the prefill round's shared budgets, the decode round's
 retraction order, U7's interleaving, and `schedule` as the round of one."""
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from spec.config import Config
 from spec.model import ModelError, enabled, refusal, retraction_order, step
 from spec.state import initial_state
 
+ROOT = Path(__file__).resolve().parent.parent
 BORROW = Config(page_size=2, num_pages=8, num_rows=3, max_context_len=32, era="borrow")
 
 
@@ -126,3 +128,25 @@ def test_schedule_is_the_round_of_one():
                 assert out_a == out_b and X.state_key(a) == X.state_key(b)
                 seen += 1
     assert seen > 50
+
+
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.23"])
+def test_u7_the_release_raises_the_assertion_the_spec_stops_at(version):
+    """U7 on the release (docs/upstream-findings.md): four client requests; upstream's own
+    `prepare_for_extend` of the round raises at the stub's `take`. Without `--accept U7`
+    that is an E1 on the release where the fixed spec goes on; with it the spec stops at
+    the same assertion and the release, alone on that step, raises it ("the same")."""
+    from kvcheck.checker import RELEASE_SAME
+    from kvcheck.replay import run_replay
+    from kvcheck.trace import load
+    if not (ROOT / f".venv-sglang-{version}" / "bin" / "python").exists():
+        pytest.skip(f"no .venv-sglang-{version} (make sglang-env SGLANG_VERSIONS={version})")
+    up = ROOT / "stateful_tests" / "upstream"
+    res = run_replay(load(up / f"u7-stub-in-first-round-sglang-{version}.json"), f"sglang:{version}")
+    assert res.failure is not None and (res.failure.id, res.failure.step) == ("E1", 3)
+    assert "already has a slot" in res.failure.render()
+    res = run_replay(load(up / f"u7-stub-in-first-round-accepted-sglang-{version}.json"),
+                     f"sglang:{version}")
+    b = res.beyond
+    assert res.failure is None and (b.step, b.reason) == (3, "ModelError")
+    assert b.release == RELEASE_SAME, b.release
