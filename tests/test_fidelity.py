@@ -190,7 +190,7 @@ def test_accept_flag_is_refused_for_impl():
     with pytest.raises(BackendError, match="--accept"):
         parse_accept("U1", "impl")
     with pytest.raises(BackendError, match="unknown finding"):
-        parse_accept("U7", "sglang:0.5.23")
+        parse_accept("U9", "sglang:0.5.23")
 
 
 # -- S4: wrapper-era LRU tick of created nodes -----------------------------------------
