@@ -108,8 +108,8 @@ sglang-env-%:
 check-sglang: $(STAMP) sglang-env
 	@for v in $(SGLANG_VERSIONS); do \
 	  echo "=== sglang $$v: conformance of stateful_tests/upstream (shape, lockstep, upstream past the first failure)"; \
-	  $(PY) -m adapters.sglang.conformance --version $$v --past-failure stateful_tests/upstream/*-sglang-$$v.json || exit 1; \
-	  accept=$$($(PY) -c "from adapters.sglang.findings import RELEASES; print(','.join(RELEASES.get('$$v', ())))"); \
+	  $(PY) -m kvcheck.adapters.sglang.conformance --version $$v --past-failure stateful_tests/upstream/*-sglang-$$v.json || exit 1; \
+	  accept=$$($(PY) -c "from kvcheck.adapters.sglang.findings import RELEASES; print(','.join(RELEASES.get('$$v', ())))"); \
 	  echo "=== sglang $$v: recorded findings, regression corpus, differential run, every transition of preset check-sglang-$$v (--accept $$accept)"; \
 	  $(VENV)/bin/kvcheck check --backend sglang:$$v --accept "$$accept" \
 	    --examples $(CHECK_SGLANG_EXAMPLES) --skip-proofs || exit 1; \

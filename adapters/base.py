@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from spec.abstract import AbstractState
-from spec.config import Config
-from spec.ops import Op
-from spec.violations import Violation
+from kvcheck.spec.abstract import AbstractState
+from kvcheck.spec.config import Config
+from kvcheck.spec.ops import Op
+from kvcheck.spec.violations import Violation
 
 
 class Backend(Protocol):
@@ -15,7 +15,7 @@ class Backend(Protocol):
     def __init__(self, cfg: Config) -> None: ...
 
     def apply(self, op: Op) -> str:
-        """Apply one op that the spec found enabled; return its outcome (spec.ops.OUTCOMES).
+        """Apply one op that the spec found enabled; return its outcome (kvcheck.spec.ops.OUTCOMES).
         May raise: the checker reports an exception as a divergence at this step."""
 
     def abstract(self) -> AbstractState:

@@ -6,8 +6,8 @@
 
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
-sample of the visited states: candidate ops (spec guards), spec.model.step (of which
-State.clone), state_key, the fast invariant verdict, spec.view.abstract, check_state (the
+sample of the visited states: candidate ops (spec guards), kvcheck.spec.model.step (of which
+State.clone), state_key, the fast invariant verdict, kvcheck.spec.view.abstract, check_state (the
 reference, which the search runs only on a state the fast verdict does not call clean)
 and check_step.
 
@@ -30,9 +30,9 @@ from typing import Optional
 
 from kvcheck import explore as E
 from kvcheck.fast_invariants import state_clean
-from spec import model as M
-from spec.invariants import check_state, check_step
-from spec.view import abstract
+from kvcheck.spec import model as M
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.view import abstract
 
 
 def _per_call(fn, xs) -> float:

@@ -16,14 +16,14 @@ import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
-from spec.abstract import AbstractState, canonical, diff
-from spec.config import Config
-from spec.invariants import check_state, check_step
-from spec.model import ModelError, initial_state, refusal, step, within_accepted
-from spec.ops import Op
-from spec.state import State
-from spec.view import abstract
-from spec.violations import Violation
+from kvcheck.spec.abstract import AbstractState, canonical, diff
+from kvcheck.spec.config import Config
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.model import ModelError, initial_state, refusal, step, within_accepted
+from kvcheck.spec.ops import Op
+from kvcheck.spec.state import State
+from kvcheck.spec.view import abstract
+from kvcheck.spec.violations import Violation
 
 REUSE_EQUAL_VERDICT = True
 """`_check_backend` takes the spec's invariant verdict over for a backend step whose

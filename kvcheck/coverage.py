@@ -345,7 +345,7 @@ def sglang_rcfile(work: Path) -> Path:
 def measure_sglang(plan: Plan, work: Path, progress=_progress) -> tuple[dict, list]:
     """The release's server runs under coverage (see the module docstring)."""
     import coverage
-    from adapters.sglang import proxy
+    from kvcheck.adapters.sglang import proxy
     rc = sglang_rcfile(work)
     os.environ[SGLANG_ENV] = str(rc)
     try:
@@ -425,7 +425,7 @@ def _accept(args) -> tuple:
     if args.backend == "impl":
         return ()
     if args.accept is None and ":" in args.backend:
-        from adapters.sglang.findings import RELEASES
+        from kvcheck.adapters.sglang.findings import RELEASES
         return tuple(RELEASES.get(args.backend.split(":", 1)[1], ()))
     return parse_accept(args.accept, args.backend)
 
@@ -444,7 +444,7 @@ def cmd_coverage(args) -> int:
     if args.backend.startswith("sglang"):
         from kvcheck.backends import resolve
         resolve(args.backend)                       # unknown backend: exit 2, no work
-        from adapters.sglang.proxy import SglangUnavailable, resolve_python
+        from kvcheck.adapters.sglang.proxy import SglangUnavailable, resolve_python
         try:
             python = resolve_python(args.backend.split(":", 1)[1] if ":" in args.backend else None)
         except SglangUnavailable as e:

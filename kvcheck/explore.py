@@ -3,12 +3,12 @@ checker in the style of TLC / Stateright that runs on the Python spec itself.
 
     kvcheck explore [--preset NAME] [--page-size P --pages N --rows R --sessions S ...]
 
-- Breadth-first from `spec.model.initial_state`, so the first counterexample found is a
+- Breadth-first from `kvcheck.spec.model.initial_state`, so the first counterexample found is a
   shortest one. It is written as a trace file (kvcheck/trace.py format, expect = the
   violation id and step, backend "spec") that `kvcheck replay` runs on the spec and impl.
 - The operations tried in a state are drawn from bounded argument domains (the scope:
   which sids and rids, prompt shapes, tokens, evict sizes) and filtered by the spec's own
-  guard `spec.model.enabled`; their effect is `spec.model.step`. Nothing here re-states
+  guard `kvcheck.spec.model.enabled`; their effect is `kvcheck.spec.model.step`. Nothing here re-states
   the model.
 - Every state passes `check_state` (evaluated once per equivalence class: the invariants
   do not depend on ids) and every transition `check_step`, exactly as `run_ops` does, so
@@ -36,15 +36,15 @@ from typing import Callable, Optional
 
 from kvcheck import argtypes as T
 from kvcheck.errors import ROOT as PROJECT
-from spec import hybrid as H
-from spec import model as M
-from spec import ops as O
-from spec.config import ERAS, Config, ConfigError
+from kvcheck.spec import hybrid as H
+from kvcheck.spec import model as M
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import ERAS, Config, ConfigError
 from kvcheck.fast_invariants import applies as applies_fast
 from kvcheck.fast_invariants import state_clean
-from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
-from spec.state import ROOT, State
-from spec.view import abstract
+from kvcheck.spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
+from kvcheck.spec.state import ROOT, State
+from kvcheck.spec.view import abstract
 
 SPEC_ASSERTION = "M1"      # an upstream assertion the spec reached (kvcheck.checker's id)
 SPEC_EXCEPTION = "E1"      # the spec itself raised something else (a defect in spec/)
@@ -368,7 +368,7 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     equal signatures may leave two isomorphic states with different keys (less reduction,
     never a wrong merge). symmetric=False keeps every id as it is (no reduction)."""
     P = s.cfg.page_size
-    reqs = dict(s.reqs)             # plain snapshots: reading copies nothing (spec.state.CowMap)
+    reqs = dict(s.reqs)             # plain snapshots: reading copies nothing (kvcheck.spec.state.CowMap)
     sessions = dict(s.sessions)
     slots = dict(s.slots)
 
@@ -573,7 +573,7 @@ def _uuid_path(s: State, a) -> Optional[tuple]:
 
 
 def _path_of(s: State, nid: int) -> tuple:
-    from spec.model import node_path
+    from kvcheck.spec.model import node_path
     return node_path(s, nid) if nid in s.nodes else ("gone", nid)
 
 
@@ -634,7 +634,7 @@ def _build_ops(sc: Scope, key: tuple) -> tuple:
 
 
 def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
-    """Every operation of the scope's domains that `spec.model.enabled` allows here.
+    """Every operation of the scope's domains that `kvcheck.spec.model.enabled` allows here.
     With symmetry, a new request takes the lowest free rid and a new session the lowest
     unused sid (any other choice gives an isomorphic state); without, every one."""
     enabled, refused = M.enabled, M.refused
@@ -810,7 +810,7 @@ def _swa_cursor_restored(cfg, b, op, out, a):
 
 
 def _mamba_pool_short(cfg, b, op, out, a):
-    from spec.hybrid import mamba_short
+    from kvcheck.spec.hybrid import mamba_short
     r = b.reqs.get(getattr(op, "rid", None))
     return isinstance(op, O.Schedule) and op.admit and out == "rejected" and r is not None \
         and mamba_short(b, r)

@@ -213,7 +213,7 @@ def replay_backend(flag, trace) -> tuple[str, str]:
 
 def replay_fault(flag, trace, backend_name: str) -> tuple:
     """(planted fault to switch on or None, a line saying so)."""
-    from impl import faults
+    from kvcheck.impl import faults
     name = flag or trace.meta.get("planted_fault")
     if name is None:
         return None, ""
@@ -234,7 +234,7 @@ def upstream_planted(trace, backend_name: str, out=print):
     """The trace's planted upstream faults (#meta.sglang_plant, written by a run against a
     release with $KVCHECK_SGLANG_PLANT set) switched on for a replay on a release, unless
     the variable is set already (then it decides)."""
-    from adapters.sglang.faults import ENV
+    from kvcheck.adapters.sglang.faults import ENV
     plant = trace.meta.get("sglang_plant")
     if not plant or not backend_name.startswith("sglang") or ENV in os.environ:
         yield
@@ -251,7 +251,7 @@ def upstream_planted(trace, backend_name: str, out=print):
 def cmd_replay(args) -> int:
     import contextlib
 
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.backends import BackendError
     from kvcheck.trace import TraceError, load
     try:

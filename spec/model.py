@@ -14,11 +14,11 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from spec import hybrid, mamba_tree
-from spec import ops as O
-from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
+from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import ops as O
+from kvcheck.spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
                         pages_needed_extend, restore_prefix_len, row_pages)
-from spec.state import ROOT, Node, Req, Session, Slot, State, initial_state
+from kvcheck.spec.state import ROOT, Node, Req, Session, Slot, State, initial_state
 
 __all__ = ["initial_state", "enabled", "step", "ModelError", "SAMPLED_TOKEN"]
 

@@ -12,16 +12,16 @@ import pytest
 from kvcheck import explore as E
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from spec import model as M
-from spec.invariants import check_step
-from spec.pages import row_pages
-from spec.view import abstract
+from kvcheck.spec import model as M
+from kvcheck.spec.invariants import check_step
+from kvcheck.spec.pages import row_pages
+from kvcheck.spec.view import abstract
 
 TINY = E.PRESETS["tiny"][0]
 
 
 # ---------------------------------------------------------------------------
-# planted defects: buggy variants of spec.model functions
+# planted defects: buggy variants of kvcheck.spec.model functions
 # ---------------------------------------------------------------------------
 
 def _free_tail_unaligned(s, slot, req, prefix_len):
@@ -190,7 +190,7 @@ def test_step_prefilter_is_sound(monkeypatch):
     assert {"I10", "I25"} <= fired_ids, fired_ids
     # I16: a locked node that a step removes (a defect that evicts one leaves a dangling
     # anchor that no view can show, so the clause is checked on a hand-made transition)
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     s = M.initial_state(TINY.cfg)
     for op in (O.SubmitRequest(1, (2, 2, 3), 2), O.Schedule(1)):
         s, _ = M.step(s, op)
@@ -203,7 +203,7 @@ def test_step_prefilter_is_sound(monkeypatch):
 
 def test_state_key_is_invariant_under_renaming():
     """Renaming sids/rids/pages/rows of a state leaves its symmetric key unchanged."""
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     cfg = TINY.cfg
     ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2, 2, 2), 2), O.SubmitRequest(2, (2, 2, 3), 2),
            O.Schedule(1), O.Schedule(2)]
@@ -243,7 +243,7 @@ def _snapshot(s) -> str:
 
 @pytest.mark.parametrize("preset", ["tiny", "hybrid", "mamba-tree"])
 def test_a_step_never_mutates_its_argument(preset):
-    """Copy-on-write (spec.state.CowMap): on every state of the preset (depth-bounded),
+    """Copy-on-write (kvcheck.spec.state.CowMap): on every state of the preset (depth-bounded),
     every enabled operation leaves the state it was applied to exactly as it was, and two
     steps from one state do not see each other's effects."""
     sc = replace(E.PRESETS[preset][0], max_depth=6)
@@ -270,7 +270,7 @@ def test_a_step_never_mutates_its_argument(preset):
 def test_clone_copies_every_mutable_field(preset):
     """State.clone copies field for field: every list, dict and CowMap of the clone is its
     own (a field added to State later is covered without naming it here)."""
-    from spec.state import State
+    from kvcheck.spec.state import State
     sc = E.PRESETS[preset][0]
     s = M.initial_state(sc.cfg)
     for op in E.candidate_ops(s, sc)[:1]:

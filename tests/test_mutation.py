@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvcheck.mutation import Score, equivalent_mutants, sample, to_run, wilson_interval
 
-NAMES = [f"impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
+NAMES = [f"kvcheck.impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
 
 
 def test_sample_is_fixed_by_seed_and_count():

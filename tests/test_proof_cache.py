@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proofs.cache import ProofCache, cached_unit, function_sources
-from proofs.core import Result
+from kvcheck.proofs.cache import ProofCache, cached_unit, function_sources
+from kvcheck.proofs.core import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 LEMMA = "ceil_align: bounds"

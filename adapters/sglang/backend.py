@@ -28,7 +28,7 @@ KV write the emulated forward makes (prefill chunk, decode, speculative accept,
 overlap lookahead), and clears a page's record whenever upstream's allocator frees it
 (observed by wrapping the allocator instance's `free`, and `free_page_ids` where the
 release has it: 0.5.23's paged `free_segment` frees through it, not through `free`;
-both are otherwise called through). `abstract()` builds the content from that record with spec.abstract.build_content,
+both are otherwise called through). `abstract()` builds the content from that record with kvcheck.spec.abstract.build_content,
 so a token/KV mismatch produced by upstream's index bookkeeping is visible.
 """
 from __future__ import annotations
@@ -42,18 +42,18 @@ import sys
 import types
 from array import array
 
-from spec import ops as O
-from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+from kvcheck.spec import ops as O
+from kvcheck.spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
-from spec.config import Config, ConfigError
-from spec.model import resolve_logprob_start
-from spec.pages import ceil_div, chunk_end, pages_needed_extend
-from spec.violations import Violation
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.model import resolve_logprob_start
+from kvcheck.spec.pages import ceil_div, chunk_end, pages_needed_extend
+from kvcheck.spec.violations import Violation
 
-from adapters.sglang import hybrid, shim, swa_tree, swa_unified
+from kvcheck.adapters.sglang import hybrid, shim, swa_tree, swa_unified
 
 VOCAB = 32000
-SAMPLED_TOKEN = 1          # what the prefill forward samples (spec.model.SAMPLED_TOKEN)
+SAMPLED_TOKEN = 1          # what the prefill forward samples (kvcheck.spec.model.SAMPLED_TOKEN)
 TESTED = {"0.5.15": "flat", "0.5.23": "borrow"}
 """The releases each API shape was built on (others are checked: docs/upstream-findings.md)."""
 
@@ -165,7 +165,7 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         api = detect_api()
         # planted faults (adapters/sglang/faults.py), read once per process: an unknown
         # name or one the release does not have refuses the backend (PlantError)
-        from adapters.sglang import faults
+        from kvcheck.adapters.sglang import faults
         planted = faults.install_from_env(version)
         # 0.5.16-0.5.18: the flat API with a request's allocated length and SWA cursor
         # in `req.kv` (a ReqKvInfo; None once released), copied into and out of the slot

@@ -1,9 +1,9 @@
 """Random conformance walks against a real sglang release.
 
-    .venv/bin/python -m adapters.sglang.explore --version 0.5.15 --walks 50 --length 40 \
+    .venv/bin/python -m kvcheck.adapters.sglang.explore --version 0.5.15 --walks 50 --length 40 \
         [--seed 1] [--page-size 4] [--avoid-hazards] [--save-dir failures/sglang]
 
-Each walk draws ops the spec enables (spec.model.enabled) and runs them through
+Each walk draws ops the spec enables (kvcheck.spec.model.enabled) and runs them through
 kvcheck.checker.run_ops against the release; the first failure of a walk is printed and,
 with --save-dir, saved as a trace (its "expect" names the failure). --avoid-hazards
 leaves out the ops that reach the known upstream hazards H3/H4/H5 (a submit_turn while
@@ -19,10 +19,10 @@ import time
 
 from kvcheck.checker import run_ops
 from kvcheck.trace import Expect, Trace
-from spec import ops as O
-from spec.config import Config
-from spec.model import enabled, initial_state, step
-from adapters.sglang.proxy import make_backend
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.model import enabled, initial_state, step
+from kvcheck.adapters.sglang.proxy import make_backend
 
 
 def _candidates(s, rnd: random.Random, cfg: Config, next_rid: int, avoid: bool):
@@ -69,7 +69,7 @@ def walk(cfg: Config, rnd: random.Random, length: int, avoid: bool) -> list:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adapters.sglang.explore")
+    ap = argparse.ArgumentParser(prog="python -m kvcheck.adapters.sglang.explore")
     ap.add_argument("--version")
     ap.add_argument("--walks", type=int, default=20)
     ap.add_argument("--length", type=int, default=30)
@@ -104,7 +104,7 @@ def main(argv=None) -> int:
             if args.save_dir:
                 tr = Trace(cfg, ops[: f.step + 1],
                            Expect("violation", f.id, f.step, f.side),
-                           {"source": f"adapters.sglang.explore seed={args.seed} walk={w}"})
+                           {"source": f"kvcheck.adapters.sglang.explore seed={args.seed} walk={w}"})
                 tr.save(f"{args.save_dir}/walk-{args.seed}-{w}.json")
     dt = time.monotonic() - t0
     print(f"{args.walks} walks in {dt:.1f}s; distinct failures: "

@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import types
 
-from spec.hybrid import swa_keep
+from kvcheck.spec.hybrid import swa_keep
 
 
 def refusal(cfg, api: str, version: str = ""):
@@ -162,7 +162,7 @@ def evicts_shortfall(version) -> bool:
 
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
-    (spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
+    (kvcheck.spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
     keeps `max(window, P)`, which is the same when that is a page multiple."""
     return not (0, 5, 22) <= release_tuple(version) < (0, 5, 23)
 
@@ -198,7 +198,7 @@ def swa_probe(cfg) -> dict:
     can show it needs no CUDA and no stand-in (the served release runs it: `run_trace
     --serve`'s `swa_probe`). cfg: page_size 2, swa_window set."""
     import torch
-    from adapters.sglang import shim
+    from kvcheck.adapters.sglang import shim
     alloc, I = swa_allocator(cfg), torch.int64
     shim.arm()
     t = lambda *v: torch.tensor(list(v), dtype=I)  # noqa: E731
@@ -324,8 +324,8 @@ def mamba_tree_probe(cfg) -> dict:
     Mamba slots are after each op and the first step where the two differ. Shows that it
     constructs and runs on the CPU, and why the adapter refuses the config (module
     docstring)."""
-    from spec import ops as O
-    from adapters.sglang.backend import SglangBackend
+    from kvcheck.spec import ops as O
+    from kvcheck.adapters.sglang.backend import SglangBackend
     from kvcheck.checker import run_ops
     ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
            O.SubmitRequest(2, (1, 2, 3, 4, 5, 6), 2), O.Schedule(2), O.Finish(2),
@@ -349,9 +349,9 @@ def mamba_tree_probe(cfg) -> dict:
 
 
 def mamba_short(pool, req, tree=None) -> bool:
-    """The admission glue's Mamba check (the spec's `spec.hybrid.mamba_short`): the slots
+    """The admission glue's Mamba check (the spec's `kvcheck.spec.hybrid.mamba_short`): the slots
     `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
-    `spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
+    `kvcheck.spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
     slots and the tree's unlocked states (`mamba_evictable_size`)."""
     alloc = getattr(pool, "mamba_allocator", None)
     if alloc is None:
@@ -410,12 +410,12 @@ def holds_mamba(kv) -> bool:
 
 def node_mamba(cfg, node) -> dict:
     """A tree node's NodeView Mamba fields (its state, its Mamba lock_ref), as
-    `spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
+    `kvcheck.spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
     `component_data[MAMBA]`; 0.5.15 `MambaRadixCache`'s `TreeNode`: `mamba_value`,
     `mamba_lock_ref`."""
     if not cfg.mamba_tree:
         return {}
-    from spec.view import node_mamba_view
+    from kvcheck.spec.view import node_mamba_view
     if hasattr(node, "component_data"):
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
         data = node.component_data[ComponentType.MAMBA]
@@ -474,8 +474,8 @@ def queued_borrowed_abort_probe(cfg) -> dict:
     slot's row and `mamba_pool_idx`, `abort_request` (l.3905-3910, no session call first:
     H5) calls `release_kv_cache(req, is_insert=False)`, and the wrapper's
     `try_cache_finished_req` takes the same finish path."""
-    from spec import ops as O
-    from adapters.sglang.backend import SglangBackend
+    from kvcheck.spec import ops as O
+    from kvcheck.adapters.sglang.backend import SglangBackend
     b = SglangBackend(cfg)
     for op in [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.Schedule(1), O.Decode(1, 7),
                O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:

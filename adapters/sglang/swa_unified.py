@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from spec.violations import Violation
+from kvcheck.spec.violations import Violation
 
 
 def configure_env(cfg) -> None:
@@ -160,7 +160,7 @@ def tree_violations(cfg, cache, alloc) -> list:
 def probe_ops() -> dict:
     """Named operation sequences for `swa_unified_probe`, each reaching one SWA path of
     the 0.5.23 tree (window 4 at P = 2 unless the probe's cfg says otherwise)."""
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     long_prompt = tuple(range(1, 13))           # 12 tokens: 3 windows
     return {
         # the first prefill's checkpoint, decode past the window, finish, a shared match
@@ -196,7 +196,7 @@ def swa_unified_probe(cfg, names=None) -> dict:
     lifted for the probe), and report, per sequence, the SWA read-back after each op (the
     nodes' SWA values and locks, the holders' cursors and lock boundaries) and the first
     step where the two sides differ."""
-    from adapters.sglang.backend import SglangBackend
+    from kvcheck.adapters.sglang.backend import SglangBackend
     from kvcheck.checker import run_ops
     out = {}
     for name, ops in probe_ops().items():

@@ -128,7 +128,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     from kvcheck.backends import known_findings, release_refusal, resolve
     from kvcheck.checker import RELEASE_SAME, Lockstep
     from kvcheck.explore import candidate_ops
-    from spec.config import ConfigError
+    from kvcheck.spec.config import ConfigError
     factory, bname = resolve(backend)
     if factory is None:
         raise ValueError("a transition check needs a system under test (impl, sglang:VERSION), "
