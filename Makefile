@@ -12,7 +12,7 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= ray,mutation
+EXTRAS ?= dev,ray,mutation
 COVERAGE_FLAGS ?=
 MUTATION_SAMPLE ?= 20
 # the sample's floor: 20 mutants are 5 points each; the goal over all mutants is 90

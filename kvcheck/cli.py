@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from kvcheck import argtypes as T
 from kvcheck.backends import BackendError
 from kvcheck.engines import DEFAULT_ENGINE, ENGINES
-from kvcheck.errors import ROOT, UsageError
+from kvcheck.errors import UsageError
 from kvcheck.shrink import DEFAULT_REPLAYS
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
@@ -24,8 +25,8 @@ EXIT_CODES = """exit codes (every command):
   2    a usage or input error (one line on stderr, before any work)
   130  interrupted
   141  the reader of the output went away (e.g. `| head`): stopped there"""
-FAILURES = ROOT / "failures"
-HYPOTHESIS_HOME = ROOT / ".hypothesis"
+FAILURES = Path("failures")
+HYPOTHESIS_HOME = Path(".hypothesis")
 
 
 def cmd_explore(args) -> int:
@@ -226,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
-    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME))
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME.resolve()))
     cmd = "kvcheck"
     try:
         parser = build_parser()

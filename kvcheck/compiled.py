@@ -28,8 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cython"
 MANIFEST = BUILD / "manifest.json"
-MODULES = ("spec/state.py", "spec/model.py", "spec/abstract.py", "spec/view.py",
-           "spec/invariants.py", "kvcheck/fast_invariants.py", "kvcheck/explore.py")
+MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
+           "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
+           "kvcheck/explore.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
 re-executes its functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
@@ -99,8 +100,8 @@ def check_build() -> None:
         raise NotBuilt(f"the compiled build is stale ({', '.join(stale)} changed since); "
                        "run `make cython` again")
     for rel in MODULES:
-        pkg, mod = rel[:-3].split("/")
-        if not list((BUILD / pkg).glob(f"{mod}.*.so")) + list((BUILD / pkg).glob(f"{mod}.*.pyd")):
+        pkg, mod = BUILD / Path(rel).parent, Path(rel).stem
+        if not list(pkg.glob(f"{mod}.*.so")) + list(pkg.glob(f"{mod}.*.pyd")):
             raise NotBuilt(f"the compiled build lacks {rel}; run `make cython` again")
 
 
@@ -111,8 +112,8 @@ def activate() -> None:
     if loaded:
         raise RuntimeError(f"activate() after {loaded} were imported interpreted")
     import kvcheck
-    import spec
-    spec.__path__.insert(0, str(BUILD / "spec"))
+    from kvcheck import spec
+    spec.__path__.insert(0, str(BUILD / "kvcheck" / "spec"))
     kvcheck.__path__.insert(0, str(BUILD / "kvcheck"))
 
 

@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from kvcheck import argtypes as T
-from kvcheck.errors import ROOT as PROJECT
 from kvcheck.spec import hybrid as H
 from kvcheck.spec import model as M
 from kvcheck.spec import ops as O
@@ -1424,7 +1423,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "10%% more CPU on such a level; 0: never kept, then the whole search holds "
                    "about 100 bytes a state); default %(default)s (about 1.5 GB a level)")
     b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
-    b.add_argument("--out", type=T.writable_dir, default=PROJECT / "failures" / "explore",
+    b.add_argument("--out", type=T.writable_dir, default=Path("failures") / "explore",
                    help="directory for counterexample traces")
     b.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     b.add_argument("--strict-coverage", action="store_true",
