@@ -57,11 +57,11 @@ cython: $(STAMP)
 	$(PY) -m kvcheck.compiled build
 
 explore-compiled: $(STAMP)
-	$(PY) -m kvcheck.compiled explore $(EXPLORE_FLAGS)
+	$(PY) -m kvcheck.run_compiled explore $(EXPLORE_FLAGS)
 
 # the nightly scope: 2 sessions x 3 turns + a plain request (compiled when built)
 explore-nightly: $(STAMP)
-	$(PY) -m kvcheck.compiled explore --preset nightly $(EXPLORE_FLAGS)
+	$(PY) -m kvcheck.run_compiled explore --preset nightly $(EXPLORE_FLAGS)
 
 prove: $(STAMP)
 	$(VENV)/bin/kvcheck prove

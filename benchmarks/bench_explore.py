@@ -111,7 +111,7 @@ if len(sys.argv) > 2:
     sc = replace(sc, max_depth=int(sys.argv[2]))
 t0 = time.process_time()
 r = E.explore(sc)
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "cpu_s": time.process_time() - t0}))
 """
 
@@ -235,7 +235,7 @@ from benchmarks.bench_explore import frontier_bytes
 sc = E.PRESETS[sys.argv[2]][0]
 max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
 frontier_states = None if sys.argv[5] == "none" else int(sys.argv[5])
-rss = E.peak_rss
+from kvcheck.explore_cmd import peak_rss as rss
 rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
 def tick(res, depth, nxt, el):
     windows.append((time.process_time(), res.states))
@@ -248,7 +248,7 @@ t = time.perf_counter()
 visited = r.bytes_per_state()
 del r.visited
 load1 = os.getloadavg()[0]
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "cpu_s": cpu, "wall_s": wall, "load": [load0, load1], "rss0": rss0,
                   "peak_rss": peak, "visited_bytes": visited, "levels": r.level_sizes,
                   "complete_depth": r.complete_depth, "stopped": r.stopped,

@@ -185,11 +185,3 @@ class MambaComponent:
             pool.free_mamba_cache(req)          # the node kept its own
         else:
             req.mamba_pool_idx = None           # the node owns it now
-
-
-def mamba_view(node) -> dict:
-    """A node's NodeView Mamba fields (kvcheck.spec.view.node_mamba_view)."""
-    from kvcheck.spec.view import node_mamba_view
-    value = None if node.mamba_value is None else int(node.mamba_value.reshape(-1)[0].item())
-    return node_mamba_view(value, node.mamba_lock_ref)
-

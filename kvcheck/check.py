@@ -232,7 +232,7 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
     """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B
     [--accept A]` does (B impl or sglang:VERSION: then every transition on the spec and B
     side by side). The reachability goals are the spec exploration's (B spec) only."""
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     from kvcheck.engines.gen import differed_lines
     p = argparse.ArgumentParser()
     X.add_arguments(p)

@@ -30,7 +30,7 @@ HYPOTHESIS_HOME = Path(".hypothesis")
 
 
 def cmd_explore(args) -> int:
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     return X.main(args)
 
 
@@ -115,7 +115,7 @@ def _backend_flag(p, default="impl", what="system under test"):
 
 def build_parser() -> argparse.ArgumentParser:
     from kvcheck.check import cmd_check
-    from kvcheck.replay import cmd_replay
+    from kvcheck.replay_cmd import cmd_replay
     from kvcheck.selftest import cmd_fuzz, cmd_selftest
 
     p = Parser(prog="kvcheck", formatter_class=Formatter,
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = _command(sub, "explore", "exhaustive bounded exploration of the spec (BFS)",
                  "kvcheck explore --preset check --max-states 100000", cmd_explore)
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     X.add_arguments(e)
 
     pr = _command(sub, "prove", "z3 lemmas, inductive accounting, CrossHair contracts",

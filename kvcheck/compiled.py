@@ -3,7 +3,7 @@
 declares C types for it, and the .py still runs interpreted without Cython).
 
     make cython                                  # build (needs Cython and a C compiler)
-    python -m kvcheck.compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
+    python -m kvcheck.run_compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
     make explore-compiled                        # the same for `kvcheck explore`
 
 The extension modules go to build/cython/ (git-ignored) with a manifest of the hashes
@@ -18,6 +18,7 @@ point (tests, `kvcheck explore`, `fuzz`, ...) is unaffected by a build.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -30,7 +31,8 @@ BUILD = ROOT / "build" / "cython"
 MANIFEST = BUILD / "manifest.json"
 MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
            "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
-           "kvcheck/explore.py")
+           "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
+           "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
 re-executes its functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
@@ -112,9 +114,18 @@ def activate() -> None:
     if loaded:
         raise RuntimeError(f"activate() after {loaded} were imported interpreted")
     import kvcheck
-    from kvcheck import spec
-    spec.__path__.insert(0, str(BUILD / "kvcheck" / "spec"))
     kvcheck.__path__.insert(0, str(BUILD / "kvcheck"))
+    for pkg in sorted({_name(m).rsplit(".", 1)[0] for m in MODULES} - {"kvcheck"}):
+        # the subpackage imported with the build's folder first on its __path__ (its
+        # __init__ may import the compiled modules at once, as kvcheck.explore's does)
+        if pkg in sys.modules:
+            sys.modules[pkg].__path__.insert(0, str(BUILD / pkg.replace(".", "/")))
+            continue
+        spec = importlib.util.find_spec(pkg)
+        spec.submodule_search_locations.insert(0, str(BUILD / pkg.replace(".", "/")))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[pkg] = module
+        spec.loader.exec_module(module)
 
 
 def is_compiled(module) -> bool:
@@ -122,22 +133,18 @@ def is_compiled(module) -> bool:
 
 
 def main(argv=None) -> int:
+    """`python -m kvcheck.compiled build` (`make cython`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["build"]:
-        try:
-            build()
-        except NotBuilt as e:
-            print(f"kvcheck.compiled: {e}", file=sys.stderr)
-            return 2
-        return 0
+    if argv != ["build"]:
+        print("usage: python -m kvcheck.compiled build   (to run on the build: "
+              "python -m kvcheck.run_compiled ARGS...)", file=sys.stderr)
+        return 2
     try:
-        activate()
+        build()
     except NotBuilt as e:
-        print(f"kvcheck.compiled: {e}; running interpreted", file=sys.stderr)
-    from kvcheck import explore
-    from kvcheck.cli import main as cli_main
-    print(f"[{'compiled' if is_compiled(explore) else 'interpreted'} explorer]", file=sys.stderr)
-    return cli_main(argv)
+        print(f"kvcheck.compiled: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import z3
 
-from kvcheck.proofs.symexec import REAL, Module
+from kvcheck.proofs.symexec import REAL, Module, S, is_mult, zmax
 from kvcheck.spec.fields import MAX_PAGE_SIZE
 from kvcheck.spec.hybrid import swa_evict_target, swa_evict_target_borrow, swa_keep
 
@@ -31,7 +31,6 @@ def swa_window_lemma(M):
     """`free_swa_out_of_window_slots`, when it moves the cursor (new > evicted): frees only
     whole pages, never a position of the last max(window, P) tokens, and the cursor stays
     within the computed KV (pre_len <= kv_committed_len): I42's first half is inductive."""
-    from kvcheck.proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p, i = z3.Ints("evicted pre_len window P i")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     moved = new > ev
@@ -47,7 +46,6 @@ def swa_window_lemma(M):
 def swa_window_progress_lemma(M):
     """With a page-aligned cursor below it, the frontier reaches the last whole page out of
     the window: every page wholly before pre_len - max(window, P) is freed."""
-    from kvcheck.proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p = z3.Ints("evicted pre_len window P")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     t = pre - zmax(w, p)
@@ -62,7 +60,6 @@ def swa_window_borrow_lemma(M):
     `max(window, P)` a window that is not a multiple of P loses up to P - 1 of them).
     For each page size of Config's range, as its own linear case (a symbolic P makes the
     two floors and the ceil nonlinear, which z3 does not settle in a minute)."""
-    from kvcheck.proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p = z3.Ints("evicted pre_len window P")
 
     def case(k):

@@ -18,27 +18,11 @@ from typing import Callable
 import z3
 
 from kvcheck.proofs.core import Result, check, check_control, fmt_model, timed
-from kvcheck.proofs.symexec import (Module, REAL, SymRange, mutate, positive_divisors, py_floordiv,
-                            py_mod, symbolic)
+from kvcheck.proofs.symexec import (Module, REAL, S, SymRange, is_mult, mutate, positive_divisors,
+                                   py_floordiv, py_mod, zmax, zmin)
 
 
 Ints = z3.Ints
-
-
-def S(M: Module, name: str, *args):
-    return symbolic(name, *args, module=M)
-
-
-def is_mult(x, p):
-    return py_mod(x, p) == 0
-
-
-def zmin(a, b):
-    return z3.If(a <= b, a, b)
-
-
-def zmax(a, b):
-    return z3.If(a >= b, a, b)
 
 
 # ---------------------------------------------------------------------------

@@ -327,3 +327,21 @@ class positive_divisors:
     def obligation(self):
         uniq = {d.get_id(): d for d in self.divs}
         return z3.And(*[d > 0 for d in uniq.values()]) if uniq else z3.BoolVal(True)
+
+
+# the vocabulary the lemmas (proofs/lemmas.py, proofs/hybrid_lemmas.py) are written in
+
+def S(M: Module, name: str, *args):
+    return symbolic(name, *args, module=M)
+
+
+def is_mult(x, p):
+    return py_mod(x, p) == 0
+
+
+def zmin(a, b):
+    return z3.If(a <= b, a, b)
+
+
+def zmax(a, b):
+    return z3.If(a >= b, a, b)

@@ -387,7 +387,7 @@ def test_an_interrupted_exploration_keeps_the_stops_it_wrote(version, tmp_path, 
     first leaves its trace on disk and named on stdout, and the interrupt goes on up."""
     import argparse
 
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     from kvcheck.engines import exhaustive
     real = exhaustive.check_transitions
 

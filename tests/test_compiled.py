@@ -23,7 +23,8 @@ if sys.argv[1] == "compiled":
     activate()
 from kvcheck import explore as E
 from kvcheck.compiled import is_compiled
-E.SIGNATURE_ORDER = repr
+from kvcheck.explore import symmetry
+symmetry.SIGNATURE_ORDER = repr
 gc.collect()
 gc.disable()
 r = E.explore(E.PRESETS["tiny"][0], fingerprints=False)
@@ -34,7 +35,7 @@ for name in ("hybrid", "mamba-tree"):       # the hybrid part of the key too
     for sc in E.PRESETS[name]:
         for s in E.reachable_states(replace(sc, max_depth=3)):
             E.state_key(s), E.state_key(s, False)
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "keys": hashlib.sha256("\\n".join(keys).encode()).hexdigest(), "n": len(keys),
                   "rebuilt_same": rebuilt, "cycles": gc.collect()}))
 """

@@ -130,14 +130,14 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 reply = {"handles": sorted(backends)}
             elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe",
                          "swa_unified_probe"):
-                from kvcheck.adapters.sglang import hybrid, swa_unified
+                from kvcheck.adapters.sglang import probes
                 from kvcheck.adapters.sglang.backend import process_setup
                 cfg = Config.from_json(msg["config"])
                 process_setup(cfg.page_size, cfg.spec_enabled)
-                if cmd == "swa_unified_probe":      # adapters/sglang/swa_unified.py
-                    reply = swa_unified.swa_unified_probe(cfg, msg.get("names"))
+                if cmd == "swa_unified_probe":      # adapters/sglang/probes.py
+                    reply = probes.swa_unified_probe(cfg, msg.get("names"))
                 else:
-                    reply = getattr(hybrid, cmd)(cfg)
+                    reply = getattr(probes, cmd)(cfg)
             elif cmd == "close":
                 for b in backends.values():
                     b.close()
