@@ -25,18 +25,17 @@ from __future__ import annotations
 
 from kvcheck.explore.candidates import candidate_ops
 from kvcheck.explore.goals import HYBRID_SITUATIONS, SITUATIONS, Situation
-from kvcheck.explore.presets import (CHECK_IMPL, CHECK_SGLANG, HYBRID_BORROW_SCOPE, HYBRID_SCOPE,
-                                     MAMBA_TREE_SCOPE, P1_SCOPE, PRESETS, TWO_SESSIONS_SCOPE,
-                                     preset_scope)
+from kvcheck.explore.presets import (HYBRID_BORROW_SCOPE, HYBRID_SCOPE, MAMBA_TREE_SCOPE, P1_SCOPE,
+                                     PRESETS, SCOPES, TWO_SESSIONS_SCOPE, preset_scope)
 from kvcheck.explore.scope import Scope, words
-from kvcheck.explore.search import (FRONTIER_STATES, OLD_STYLE, PREFILTERED_STEP_INVARIANTS,
+from kvcheck.explore.search import (FRONTIER_STATES, PREFILTERED_STEP_INVARIANTS,
                                     SPEC_ASSERTION, SPEC_EXCEPTION, Found, Result, explore, missed,
                                     reachable_states, step_check_needed, to_trace)
 from kvcheck.explore.symmetry import req_sig, state_key
 
-__all__ = ["CHECK_IMPL", "CHECK_SGLANG", "FRONTIER_STATES", "Found", "HYBRID_BORROW_SCOPE",
-           "HYBRID_SCOPE", "HYBRID_SITUATIONS", "MAMBA_TREE_SCOPE", "OLD_STYLE", "P1_SCOPE",
-           "PREFILTERED_STEP_INVARIANTS", "PRESETS", "Result", "SITUATIONS", "SPEC_ASSERTION",
+__all__ = ["FRONTIER_STATES", "Found", "HYBRID_BORROW_SCOPE",
+           "HYBRID_SCOPE", "HYBRID_SITUATIONS", "MAMBA_TREE_SCOPE", "P1_SCOPE",
+           "PREFILTERED_STEP_INVARIANTS", "PRESETS", "Result", "SCOPES", "SITUATIONS", "SPEC_ASSERTION",
            "SPEC_EXCEPTION", "Scope", "Situation", "TWO_SESSIONS_SCOPE", "candidate_ops",
            "explore", "missed", "preset_scope", "reachable_states", "req_sig", "state_key",
            "step_check_needed", "to_trace", "words"]

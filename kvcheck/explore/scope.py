@@ -52,7 +52,3 @@ def _fmt_words(ws) -> str:
 def words(alphabet, lengths) -> tuple:
     """Every token sequence over `alphabet` with a length in `lengths`."""
     return tuple(w for n in lengths for w in itertools.product(alphabet, repeat=n))
-
-
-def _scope(name, cfg_kw, **kw) -> Scope:
-    return Scope(cfg=Config(**cfg_kw), name=name, **kw)

@@ -121,11 +121,6 @@ class Result:
         return self.states / self.seconds if self.seconds > 0 else 0.0
 
 
-OLD_STYLE = dict(fingerprints=False, fast_invariants=False)
-"""explore()'s options that reproduce the explorer before the speed work (benchmarks):
-whole keys in the visited set, every new state's invariants through its AbstractState."""
-
-
 def _whole_key(key: tuple) -> tuple:
     return key
 
@@ -218,8 +213,7 @@ def explore(sc: Scope, **kw) -> Result:
 def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
             max_states: Optional[int] = None, max_seconds: Optional[float] = None,
             check: bool = True, progress: Optional[Callable] = None,
-            progress_every: float = 2.0, prefilter: bool = True,
-            fingerprints: bool = True, fast_invariants: bool = True,
+            progress_every: float = 2.0, fingerprints: bool = True,
             frontier_states: Optional[int] = FRONTIER_STATES) -> Result:
     """Breadth-first search over the scope. Stops at the first violation unless
     all_violations (then it records the first, shortest, trace per violation id and does
@@ -233,8 +227,7 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     n^2 / 2^65 (1e-7 at a million states): one state would be wrongly merged.
 
     The invariants: a new state's state invariants are first asked of
-    `kvcheck.fast_invariants.state_clean` (on the State itself; fast_invariants=False:
-    never), and only a state it does not call clean gets an AbstractState and
+    `kvcheck.fast_invariants.state_clean` (on the State itself), and only a state it does not call clean gets an AbstractState and
     spec/invariants.py's `check_state`, which writes the report. A transition's step
     invariants run (on the two abstract views) where `step_check_needed` says they can
     fire. So most states never get an abstract view; a frontier state gets one only when
@@ -254,8 +247,8 @@ def _search(sc: Scope, *, symmetric: bool = True, all_violations: bool = False,
     cfg = sc.cfg
     check = check and not cfg.accept
     res = Result(sc, symmetric, frontier_states=frontier_states)
-    prefilter = prefilter and {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
-    fast = fast_invariants and applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
+    prefilter = {i.id for i in STEP_INVARIANTS} == PREFILTERED_STEP_INVARIANTS
+    fast = applies_fast(cfg, [i.id for i in STATE_INVARIANTS])
     t0 = time.perf_counter()
     s0 = M.initial_state(cfg)
     a0 = abstract(s0)
