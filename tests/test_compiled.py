@@ -65,9 +65,9 @@ def test_compiled_and_interpreted_explore_identical_state_sets():
 def test_a_stale_build_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "manifest.json")
     hashes = compiled.source_hashes()
-    hashes["spec/model.py"] = hashlib.sha256(b"an older model").hexdigest()
+    hashes["kvcheck/spec/model.py"] = hashlib.sha256(b"an older model").hexdigest()
     (tmp_path / "manifest.json").write_text(json.dumps(hashes))
-    with pytest.raises(compiled.NotBuilt, match="stale.*spec/model.py"):
+    with pytest.raises(compiled.NotBuilt, match="stale.*kvcheck/spec/model.py"):
         compiled.check_build()
     monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "absent.json")
     with pytest.raises(compiled.NotBuilt, match="no compiled build"):
