@@ -113,18 +113,21 @@ def activate() -> None:
     loaded = [_name(m) for m in MODULES if _name(m) in sys.modules]
     if loaded:
         raise RuntimeError(f"activate() after {loaded} were imported interpreted")
-    import kvcheck
-    kvcheck.__path__.insert(0, str(BUILD / "kvcheck"))
-    for pkg in sorted({_name(m).rsplit(".", 1)[0] for m in MODULES} - {"kvcheck"}):
-        # the subpackage imported with the build's folder first on its __path__ (its
-        # __init__ may import the compiled modules at once, as kvcheck.explore's does)
+    # kvcheck and each subpackage with the build's folder first on its __path__, all of them before any
+    # runs its __init__ (kvcheck.explore's imports the spec's modules at once)
+    fresh = []
+    for pkg in dict.fromkeys(_name(m).rsplit(".", 1)[0] for m in MODULES):
+        where = str(BUILD / pkg.replace(".", "/"))
         if pkg in sys.modules:
-            sys.modules[pkg].__path__.insert(0, str(BUILD / pkg.replace(".", "/")))
+            sys.modules[pkg].__path__.insert(0, where)
             continue
         spec = importlib.util.find_spec(pkg)
-        spec.submodule_search_locations.insert(0, str(BUILD / pkg.replace(".", "/")))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[pkg] = module
+        spec.submodule_search_locations.insert(0, where)
+        module = sys.modules[pkg] = importlib.util.module_from_spec(spec)
+        parent, _, child = pkg.rpartition(".")
+        setattr(sys.modules[parent], child, module)
+        fresh.append((spec, module))
+    for spec, module in fresh:
         spec.loader.exec_module(module)
 
 
