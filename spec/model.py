@@ -15,7 +15,7 @@ import bisect
 from typing import Optional
 
 from kvcheck.spec import hybrid, mamba_tree
-from kvcheck.spec.violations import ModelError  # noqa: F401  (spec.model.ModelError)
+from kvcheck.spec.violations import ModelError  # noqa: F401  (kvcheck.spec.model.ModelError)
 from kvcheck.spec import ops as O
 from kvcheck.spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
                         pages_needed_extend, restore_prefix_len, row_pages)

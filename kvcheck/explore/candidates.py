@@ -1,5 +1,5 @@
 """The operations tried in a state: drawn from the scope's bounded argument domains and
-filtered by the spec's own guard (`spec.model.enabled`)."""
+filtered by the spec's own guard (`kvcheck.spec.model.enabled`)."""
 from __future__ import annotations
 
 
