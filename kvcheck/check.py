@@ -262,7 +262,7 @@ def unreached_goals(goals: list) -> list:
 
 
 def proofs_part(name: str, out: Optional[Path]):
-    import proofs
+    from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
     res = proofs.run_all(verbose=False, cache=cache_at(out))
     print(proofs.report(res))

@@ -40,7 +40,7 @@ def cmd_coverage(args) -> int:
 
 
 def cmd_prove(args) -> int:
-    import proofs
+    from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
     res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
                          cache=cache_at(None if args.no_cache else args.out))
