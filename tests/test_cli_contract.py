@@ -390,7 +390,7 @@ def test_explain_lists_and_explains_every_failure_id(capsys):
 def test_every_concrete_check_id_emitted_is_explained():
     from kvcheck.failures import CONCRETE_CHECKS
     emitted = set()
-    for f in (ROOT / "impl" / "checks.py", ROOT / "adapters" / "sglang" / "backend.py"):
+    for f in (ROOT / "impl" / "checks.py", ROOT / "adapters" / "sglang" / "concrete.py"):
         emitted |= set(re.findall(r'(?:Finding|Violation)\("([CL]\d+)"', f.read_text()))
     assert emitted and emitted <= set(CONCRETE_CHECKS), emitted - set(CONCRETE_CHECKS)
 
