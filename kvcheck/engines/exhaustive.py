@@ -1,7 +1,7 @@
 """Every transition of an explored scope, the spec against a backend
 (`kvcheck explore --backend impl`).
 
-The explorer (kvcheck/explore.py) visits each distinct spec state of a scope once and
+The explorer (kvcheck/explore/) visits each distinct spec state of a scope once and
 keeps the state's parent and the operation that first reached it: a spanning tree of the
 scope, each state at the end of a shortest path. This engine walks that tree depth-first
 with a `kvcheck.checker.Lockstep` (the spec and the backend side by side), so that every
