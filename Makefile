@@ -12,7 +12,7 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= ray,mutation
+EXTRAS ?= dev,ray,mutation
 COVERAGE_FLAGS ?=
 MUTATION_SAMPLE ?= 20
 # the sample's floor: 20 mutants are 5 points each; the goal over all mutants is 90
@@ -57,11 +57,11 @@ cython: $(STAMP)
 	$(PY) -m kvcheck.compiled build
 
 explore-compiled: $(STAMP)
-	$(PY) -m kvcheck.compiled explore $(EXPLORE_FLAGS)
+	$(PY) -m kvcheck.run_compiled explore $(EXPLORE_FLAGS)
 
 # the nightly scope: 2 sessions x 3 turns + a plain request (compiled when built)
 explore-nightly: $(STAMP)
-	$(PY) -m kvcheck.compiled explore --preset nightly $(EXPLORE_FLAGS)
+	$(PY) -m kvcheck.run_compiled explore --preset nightly $(EXPLORE_FLAGS)
 
 prove: $(STAMP)
 	$(VENV)/bin/kvcheck prove
@@ -109,8 +109,8 @@ sglang-env-%:
 check-sglang: $(STAMP) sglang-env
 	@for v in $(SGLANG_VERSIONS); do \
 	  echo "=== sglang $$v: conformance of stateful_tests/upstream (shape, lockstep, upstream past the first failure)"; \
-	  $(PY) -m adapters.sglang.conformance --version $$v --past-failure stateful_tests/upstream/*-sglang-$$v.json || exit 1; \
-	  accept=$$($(PY) -c "from adapters.sglang.findings import RELEASES; print(','.join(RELEASES.get('$$v', ())))"); \
+	  $(PY) -m kvcheck.adapters.sglang.conformance --version $$v --past-failure stateful_tests/upstream/*-sglang-$$v.json || exit 1; \
+	  accept=$$($(PY) -c "from kvcheck.adapters.sglang.findings import RELEASES; print(','.join(RELEASES.get('$$v', ())))"); \
 	  echo "=== sglang $$v: recorded findings, regression corpus, differential run, every transition of preset check-sglang-$$v (--accept $$accept)"; \
 	  $(VENV)/bin/kvcheck check --backend sglang:$$v --accept "$$accept" \
 	    --examples $(CHECK_SGLANG_EXAMPLES) --skip-proofs || exit 1; \

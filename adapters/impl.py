@@ -6,17 +6,17 @@ from typing import Optional
 
 import torch
 
-from impl.checks import Snapshot, concrete_findings, leak_check, snapshot
-from impl.mamba import mamba_refs
-from impl.mamba_tree import mamba_view
-from impl.radix_cache import TreeNode
-from impl.scheduler import Scheduler
-from impl.streaming_session import _VirtualNode
-from spec import ops
-from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+from kvcheck.impl.checks import Snapshot, concrete_findings, leak_check, snapshot
+from kvcheck.impl.mamba import mamba_refs
+from kvcheck.impl.radix_cache import TreeNode
+from kvcheck.impl.scheduler import Scheduler
+from kvcheck.impl.streaming_session import _VirtualNode
+from kvcheck.spec import ops
+from kvcheck.spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
-from spec.config import Config
-from spec.violations import Violation
+from kvcheck.spec.config import Config
+from kvcheck.spec.view import node_mamba_view
+from kvcheck.spec.violations import Violation
 
 
 def _ceil_div(x: int, p: int) -> int:
@@ -218,3 +218,10 @@ class ImplBackend:
 
     def close(self) -> None:
         pass
+
+
+def mamba_view(node) -> dict:
+    """An impl tree node's NodeView Mamba fields (kvcheck.spec.view.node_mamba_view): here,
+    not in impl/, which never imports the spec."""
+    value = None if node.mamba_value is None else int(node.mamba_value.reshape(-1)[0].item())
+    return node_mamba_view(value, node.mamba_lock_ref)

@@ -69,7 +69,7 @@ def curve(engine: str, seed: int, sequences: int, settings: Optional[dict] = Non
 SGLANG_CURVE = """
 import json, os, sys
 os.environ[{env!r}] = {rc!r}
-from adapters.sglang import proxy
+from kvcheck.adapters.sglang import proxy
 from kvcheck.coverage import sglang_branches
 from kvcheck.engines.campaign import Campaign, run_chunk
 c = Campaign({engine!r}, {seed!r}, {backend!r}, None, {accept!r})
@@ -86,7 +86,7 @@ print(json.dumps(out))
 
 def sglang_curve(backend: str, engine: str, seed: int, budgets: tuple, work: Path) -> list:
     """[(steps, sequences, the release's branches reached)] at each step budget."""
-    from adapters.sglang.findings import RELEASES
+    from kvcheck.adapters.sglang.findings import RELEASES
     from kvcheck.coverage import SGLANG_ENV, sglang_rcfile
     run_dir = work / f"{engine}-{seed}"
     run_dir.mkdir(parents=True)
@@ -186,7 +186,7 @@ def first_report(fault: str, engine: str, seed: int, examples: int, out: Path,
 
 def main(argv=None) -> int:
     from benchmarks.bench_detect import INF, _fmt, fault_table
-    from impl import faults
+    from kvcheck.impl import faults
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sequences", type=int, default=200, help="sequences per coverage curve")
     ap.add_argument("--examples", type=int, default=100, help="sequences per detection campaign")

@@ -87,7 +87,7 @@ def summary_lines(table: dict) -> list:
 
 
 def main(argv=None) -> int:
-    from impl import faults
+    from kvcheck.impl import faults
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--examples", type=int, default=100, help="sequences per campaign (check's default)")
     ap.add_argument("--seeds", type=int, default=1)

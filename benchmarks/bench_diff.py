@@ -56,7 +56,7 @@ def run_walk(factory, examples: int, s: int) -> tuple[float, int, int]:
 
 ROOT = Path(__file__).resolve().parent.parent
 WALK_ROW = ("import json, sys; from benchmarks.bench_diff import run_walk; "
-            "from adapters.impl import ImplBackend; "
+            "from kvcheck.adapters.impl import ImplBackend; "
             "print(json.dumps(run_walk(ImplBackend, int(sys.argv[1]), int(sys.argv[2]))))")
 """The walk row in a fresh interpreter of one source tree (main's run_walk has the same
 signature: (factory, examples, seed) -> (cpu seconds, steps, sequences))."""
@@ -100,8 +100,8 @@ def print_side_by_side(res: dict, out=print) -> None:
 
 def measure(examples: int, s: int) -> dict:
     """{row name: (cpu seconds, steps, sequences)} for every row of the table."""
-    from adapters.impl import ImplBackend
-    from impl.device import resolve_device
+    from kvcheck.adapters.impl import ImplBackend
+    from kvcheck.impl.device import resolve_device
 
     class Empty(M.make_machine(None)):
         def apply(self, op):            # draws happen in the rules; nothing is applied

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import explore as E
 from kvcheck.engines.exhaustive import ForkError, check_transitions
 

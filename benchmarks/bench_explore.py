@@ -6,8 +6,8 @@
 
 Prints the search figures (distinct states, transitions, states/s) and, with
 --breakdown, the cost of each part of one BFS transition measured in isolation on a
-sample of the visited states: candidate ops (spec guards), spec.model.step (of which
-State.clone), state_key, the fast invariant verdict, spec.view.abstract, check_state (the
+sample of the visited states: candidate ops (spec guards), kvcheck.spec.model.step (of which
+State.clone), state_key, the fast invariant verdict, kvcheck.spec.view.abstract, check_state (the
 reference, which the search runs only on a state the fast verdict does not call clean)
 and check_step.
 
@@ -30,9 +30,9 @@ from typing import Optional
 
 from kvcheck import explore as E
 from kvcheck.fast_invariants import state_clean
-from spec import model as M
-from spec.invariants import check_state, check_step
-from spec.view import abstract
+from kvcheck.spec import model as M
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.view import abstract
 
 
 def _per_call(fn, xs) -> float:
@@ -88,12 +88,13 @@ def breakdown(sc, sample: int = 2000) -> None:
 
 
 def compare(sc) -> dict:
-    """The same scope explored the old way (`kvcheck.explore.OLD_STYLE`: whole canonical
-    keys in the visited set, the invariants through one AbstractState per successor) and
-    the new way (the explorer's defaults), CPU seconds of this process:
+    """The same scope explored with whole canonical keys in the visited set (`fingerprints=
+    False`, as before the fingerprints; the explorers before the other speed work are the
+    git-archived BEFORE and PREVIOUS rows) and the new way (the explorer's defaults), CPU
+    seconds of this process:
     {"old": (Result, cpu s), "new": (Result, cpu s)}."""
     out = {}
-    for name, kw in (("old", E.OLD_STYLE), ("new", {})):
+    for name, kw in (("old", {"fingerprints": False}), ("new", {})):
         t0 = time.process_time()
         res = E.explore(sc, **kw)
         out[name] = (res, time.process_time() - t0)
@@ -111,7 +112,7 @@ if len(sys.argv) > 2:
     sc = replace(sc, max_depth=int(sys.argv[2]))
 t0 = time.process_time()
 r = E.explore(sc)
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "cpu_s": time.process_time() - t0}))
 """
 
@@ -235,7 +236,7 @@ from benchmarks.bench_explore import frontier_bytes
 sc = E.PRESETS[sys.argv[2]][0]
 max_states, max_seconds = (int(sys.argv[3]) or None), (float(sys.argv[4]) or None)
 frontier_states = None if sys.argv[5] == "none" else int(sys.argv[5])
-rss = E.peak_rss
+from kvcheck.explore_cmd import peak_rss as rss
 rss0, load0, windows = rss(), os.getloadavg()[0], [(time.process_time(), 1)]
 def tick(res, depth, nxt, el):
     windows.append((time.process_time(), res.states))
@@ -248,7 +249,7 @@ t = time.perf_counter()
 visited = r.bytes_per_state()
 del r.visited
 load1 = os.getloadavg()[0]
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "cpu_s": cpu, "wall_s": wall, "load": [load0, load1], "rss0": rss0,
                   "peak_rss": peak, "visited_bytes": visited, "levels": r.level_sizes,
                   "complete_depth": r.complete_depth, "stopped": r.stopped,

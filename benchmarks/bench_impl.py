@@ -13,11 +13,11 @@ import time
 
 import torch
 
-from impl.allocator import make_allocator
-from impl.device import resolve_device
-from impl.memory_pool import ReqToTokenPool
-from impl.radix_cache import RadixCache
-from impl.scheduler import Scheduler
+from kvcheck.impl.allocator import make_allocator
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.memory_pool import ReqToTokenPool
+from kvcheck.impl.radix_cache import RadixCache
+from kvcheck.impl.scheduler import Scheduler
 
 
 def _sync(dev):

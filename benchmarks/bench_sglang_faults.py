@@ -23,15 +23,15 @@ import sys
 import time
 from dataclasses import replace
 
-from adapters.sglang.faults import ENV, code_of
-from adapters.sglang.proxy import available_versions
+from kvcheck.adapters.sglang.faults import ENV, code_of
+from kvcheck.adapters.sglang.proxy import available_versions
 from kvcheck.engines.exhaustive import ForkError, check_transitions
 from kvcheck.explore import PRESETS, explore
 
 def fault_table() -> dict:
     """name -> (releases, description), read without importing sglang: faults.py imports
     upstream modules only inside its installers."""
-    from adapters.sglang.faults import FAULTS
+    from kvcheck.adapters.sglang.faults import FAULTS
     return {n: (f.releases, f.description) for n, f in FAULTS.items()}
 
 
@@ -43,7 +43,7 @@ def scopes(version: str, accept: bool = True) -> list:
     findings accepted (`--accept`, adapters/sglang/findings.py RELEASES), so the spec takes
     upstream's behaviour there and the walk drives those paths; accept=False: their
     triggers are skipped instead (the walk without --accept)."""
-    from adapters.sglang.findings import RELEASES
+    from kvcheck.adapters.sglang.findings import RELEASES
     acc = RELEASES.get(version, ()) if accept else ()
     return [replace(sc, cfg=replace(sc.cfg, accept=acc))
             for sc in PRESETS[f"check-sglang-{version}"]]

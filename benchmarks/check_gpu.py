@@ -57,7 +57,7 @@ def fuzz_run(dev: str, rounds: int, seed: int) -> dict:
 
 def latency(dev: str, repeat: int) -> dict:
     from benchmarks.bench_impl import measure
-    from impl.device import resolve_device
+    from kvcheck.impl.device import resolve_device
     return {f"{name} (median us)": med for name, (med, _) in measure(resolve_device(dev), repeat)}
 
 

@@ -113,7 +113,7 @@ def _compiled_row(sc, new, t_old) -> list:
 
 def fuzz_rows(quick: bool) -> list:
     from benchmarks.bench_diff import run, run_walk
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines import hypothesis_machine as M
     n = 10 if quick else 60
     h = run(M.make_machine(ImplBackend, "impl"), n, 11)
@@ -126,7 +126,7 @@ def fuzz_rows(quick: bool) -> list:
 
 def detect_rows(quick: bool) -> list:
     from benchmarks.bench_detect import INF, measure
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.engines import ENGINES
     names = sorted(faults.FAULTS)[:2] if quick else sorted(faults.FAULTS)
     table = measure(names, list(ENGINES), 20 if quick else 100)

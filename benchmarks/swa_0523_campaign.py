@@ -36,8 +36,8 @@ def _kind(f) -> str:
 
 
 def main(argv=None) -> int:
-    from adapters.sglang.findings import known_trigger
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.findings import known_trigger
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     ap = argparse.ArgumentParser()

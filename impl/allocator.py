@@ -12,8 +12,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from impl import faults
-from impl.device import resolve_device
+from kvcheck.impl import faults
+from kvcheck.impl.device import resolve_device
 
 I64 = torch.int64
 

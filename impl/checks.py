@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 
-from impl.radix_cache import TreeNode
+from kvcheck.impl.radix_cache import TreeNode
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Optional
 
 import torch
 
-from impl import faults
-from impl.schedule_batch import Req
+from kvcheck.impl import faults
+from kvcheck.impl.schedule_batch import Req
 
 I64 = torch.int64
 
@@ -68,7 +68,7 @@ def free_kv_row(req_to_token_pool, allocator, pool_idx: int, ranges, kv=None) ->
     row = req_to_token_pool.req_to_token[pool_idx]
     segments = [(row[start:end], start) for start, end in ranges]
     if kv is not None and hasattr(allocator, "free_full_segments"):
-        from impl.swa import free_kv_row_segments, swa_dead_lo
+        from kvcheck.impl.swa import free_kv_row_segments, swa_dead_lo
         free_kv_row_segments(allocator, segments, swa_evicted_seqlen=kv.swa_evicted_seqlen,
                              swa_dead_lo=swa_dead_lo(kv, allocator.page_size))
         return

@@ -13,8 +13,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from impl import faults
-from impl.memory_pool import ReqToTokenPool
+from kvcheck.impl import faults
+from kvcheck.impl.memory_pool import ReqToTokenPool
 
 I64 = torch.int64
 EMPTY_TRACK = -1

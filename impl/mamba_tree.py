@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from impl import faults
+from kvcheck.impl import faults
 
 I64 = torch.int64
 
@@ -21,7 +21,7 @@ class MambaComponent:
     MAMBA_STATE_PER_REQ_PREFIX_CACHE = 3
 
     def __init__(self, cache, wrapper: bool = False):
-        self.cache = cache                  # impl.radix_cache.RadixCache
+        self.cache = cache                  # kvcheck.impl.radix_cache.RadixCache
         self.clock = 0
         self.wrapper = wrapper              # 0.5.15 MambaRadixCache
 
@@ -185,11 +185,3 @@ class MambaComponent:
             pool.free_mamba_cache(req)          # the node kept its own
         else:
             req.mamba_pool_idx = None           # the node owns it now
-
-
-def mamba_view(node) -> dict:
-    """A node's NodeView Mamba fields (spec.view.node_mamba_view)."""
-    from spec.view import node_mamba_view
-    value = None if node.mamba_value is None else int(node.mamba_value.reshape(-1)[0].item())
-    return node_mamba_view(value, node.mamba_lock_ref)
-

@@ -10,9 +10,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from impl import faults
+from kvcheck.impl import faults
 
-from impl.device import resolve_device
+from kvcheck.impl.device import resolve_device
 
 
 class ReqToTokenPool:

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from impl import faults
+from kvcheck.impl import faults
 
 I64 = torch.int64
 

@@ -12,17 +12,17 @@ from typing import Optional
 
 import torch
 
-from impl import common, faults
-from impl.allocator import make_allocator
-from impl.device import resolve_device
-from impl.memory_pool import KVBuffer, ReqToTokenPool
-from impl.radix_cache import RadixCache
-from impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
-from impl.session_controller import SessionController
-from impl.mamba import HybridReqToTokenPool
-from impl.mamba_tree import MambaComponent
-from impl.streaming_session import StreamingSession
-from impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
+from kvcheck.impl import common, faults
+from kvcheck.impl.allocator import make_allocator
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.memory_pool import KVBuffer, ReqToTokenPool
+from kvcheck.impl.radix_cache import RadixCache
+from kvcheck.impl.schedule_batch import FINISH_ABORT, FINISH_LENGTH, Req
+from kvcheck.impl.session_controller import SessionController
+from kvcheck.impl.mamba import HybridReqToTokenPool
+from kvcheck.impl.mamba_tree import MambaComponent
+from kvcheck.impl.streaming_session import StreamingSession
+from kvcheck.impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
                       set_swa_evict_floor, swa_eviction_due, swa_lock_boundary)
 
 ERAS = ("wrapper", "borrow")
@@ -116,7 +116,7 @@ class Scheduler:
         self.tree_cache = StreamingSession(self.radix_cache, era=era,
                                            evict_shortfall=evict_shortfall)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
-        # (spec.hybrid.prompt_split_on): no SWA or Mamba component
+        # (kvcheck.spec.hybrid.prompt_split_on): no SWA or Mamba component
         self.radix_cache.full_only = not swa_window and not mamba_slots
         if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
             self.radix_cache.lock_holders = self._lock_holders
@@ -464,7 +464,7 @@ class Scheduler:
         return "rejected"
 
     def _mamba_tree_short(self, req: Req) -> bool:
-        """kvcheck's admission glue with a Mamba tree (spec.mamba_tree.admission_short):
+        """kvcheck's admission glue with a Mamba tree (kvcheck.spec.mamba_tree.admission_short):
         the slots `alloc` takes plus the checkpoint copy, from free and evictable states."""
         mamba = self.radix_cache.mamba
         if mamba is None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from impl import faults
-from impl.schedule_batch import FINISH_ABORT, Req
+from kvcheck.impl import faults
+from kvcheck.impl.schedule_batch import FINISH_ABORT, Req
 
 
 class Session:

@@ -6,9 +6,9 @@ from typing import Optional
 
 import torch
 
-from impl import faults
-from impl.common import free_kv_row
-from impl.schedule_batch import FINISH_ABORT, Req
+from kvcheck.impl import faults
+from kvcheck.impl.common import free_kv_row
+from kvcheck.impl.schedule_batch import FINISH_ABORT, Req
 
 I64 = torch.int64
 

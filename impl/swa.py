@@ -14,9 +14,9 @@ from typing import Optional
 
 import torch
 
-from impl import faults
-from impl.allocator import make_allocator
-from impl.radix_cache import RadixCache
+from kvcheck.impl import faults
+from kvcheck.impl.allocator import make_allocator
+from kvcheck.impl.radix_cache import RadixCache
 
 I64 = torch.int64
 
@@ -511,7 +511,7 @@ class SWARadixCache(RadixCache):
     def swa_locked(self) -> set:
         """Ids of the nodes with `swa_lock_ref > 0`: from each lock holder's node up to
         its `swa_uuid_for_lock` node inclusive (to the root when None)."""
-        from impl.radix_cache import TreeNode
+        from kvcheck.impl.radix_cache import TreeNode
         out = set()
         for h in self.lock_holders():
             node = h.last_node
@@ -625,7 +625,7 @@ def swa_lock_boundary(tree, node):
     `acquire_component_lock`): the node where the SWA lock, walking up from the locked
     node, first covers `sliding_window_size` tokens (None: the root, a virtual node, or
     the root reached first)."""
-    from impl.radix_cache import TreeNode
+    from kvcheck.impl.radix_cache import TreeNode
     if not isinstance(node, TreeNode) or node is tree.root_node:
         return None
     size = 0

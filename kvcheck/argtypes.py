@@ -75,7 +75,7 @@ def backend(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"{text!r}: VERSION must be a release number like 0.5.15, got {version!r}")
     if text.startswith("sglang"):
-        from adapters.sglang.proxy import SglangUnavailable, resolve_python
+        from kvcheck.adapters.sglang.proxy import SglangUnavailable, resolve_python
         try:
             resolve_python(version)
         except SglangUnavailable as e:

@@ -24,7 +24,7 @@ def release_era(name: str):
     version = release_version(name)
     if version is None:
         return None
-    from adapters.sglang.hybrid import release_tuple
+    from kvcheck.adapters.sglang.hybrid import release_tuple
     parts = release_tuple(version)
     return None if parts == (999,) else "wrapper" if parts <= (0, 5, 21) else "borrow"
 
@@ -51,7 +51,7 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
     if name.startswith("sglang"):
         kw["hybrid_kinds"] = (("mamba-no-lazy", "swa", "mamba-tree") if era == "wrapper"
                               else ("mamba-no-radix", "mamba-tree", "swa-no-prefill-aware"))
-        from adapters.sglang.hybrid import spec_swa_keep, spec_swa_tree, spec_wrapper_trees
+        from kvcheck.adapters.sglang.hybrid import spec_swa_keep, spec_swa_tree, spec_wrapper_trees
         version = release_version(name)
         if not spec_swa_tree(version):    # refused there (hybrid.refusal)
             kw["hybrid_kinds"] = tuple(k for k in kw["hybrid_kinds"] if k != "swa")
@@ -63,18 +63,18 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
                                        for k in kw["hybrid_kinds"])
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
         if era == "wrapper":        # the release's eviction rule, not drawn
-            from adapters.sglang.hybrid import evicts_shortfall
+            from kvcheck.adapters.sglang.hybrid import evicts_shortfall
             kw["evict_shortfall"] = evicts_shortfall(version)
     return kw
 
 
 def release_refusal(cfg, name: str):
     """Why the release `name` (sglang:VERSION) cannot run configuration cfg, known here
-    without starting it (`adapters.sglang.backend.config_refusal`: the era, from a
+    without starting it (`kvcheck.adapters.sglang.backend.config_refusal`: the era, from a
     versioned name, and the hybrid models its adapter drives), or None."""
     if not name.startswith("sglang"):
         return None
-    from adapters.sglang.backend import config_refusal
+    from kvcheck.adapters.sglang.backend import config_refusal
     api = {"wrapper": "flat", "borrow": "borrow"}.get(release_era(name))
     return config_refusal(cfg, api, release_version(name) or name)
 
@@ -88,7 +88,7 @@ def release_config(cfg, name: str):
         return cfg
     from dataclasses import replace
 
-    from adapters.sglang.hybrid import evicts_shortfall
+    from kvcheck.adapters.sglang.hybrid import evicts_shortfall
     rule = evicts_shortfall(release_version(name))
     return cfg if cfg.evict_shortfall == rule else replace(cfg, evict_shortfall=rule)
 
@@ -101,7 +101,7 @@ def planted_upstream(name: str) -> dict:
         return {}
     import os
 
-    from adapters.sglang.faults import ENV
+    from kvcheck.adapters.sglang.faults import ENV
     plant = os.environ.get(ENV, "")
     return {"sglang_plant": plant} if plant else {}
 
@@ -110,7 +110,7 @@ def known_findings(name: str, accept=()):
     """The skip predicate for a release with recorded upstream findings the run does not
     accept (`--accept`), or None."""
     if name.startswith("sglang"):
-        from adapters.sglang.findings import known_trigger
+        from kvcheck.adapters.sglang.findings import known_trigger
         return known_trigger(release_version(name), accept)
     return None
 
@@ -118,7 +118,7 @@ def known_findings(name: str, accept=()):
 def parse_accept(text: str | None, name: str) -> tuple:
     """`--accept U1,U2`: recorded findings whose upstream behaviour the spec takes.
     Only for the spec alone or a real release (impl/ implements the fixes only)."""
-    from spec.config import ACCEPTABLE
+    from kvcheck.spec.config import ACCEPTABLE
     if not text:
         return ()
     ids = tuple(x.strip() for x in text.split(",") if x.strip())
@@ -136,11 +136,11 @@ def resolve(name: str) -> tuple[Optional[Callable], str]:
     if name == "spec":
         return None, "spec"
     if name == "impl":
-        from adapters.impl import ImplBackend
+        from kvcheck.adapters.impl import ImplBackend
         return ImplBackend, "impl"
     if name == "sglang" or name.startswith("sglang:") or name.startswith("sglang-"):
         version = release_version(name)
-        from adapters.sglang.proxy import SglangUnavailable, make_backend
+        from kvcheck.adapters.sglang.proxy import SglangUnavailable, make_backend
 
         def factory(cfg):
             try:

@@ -58,7 +58,7 @@ def check_corpus(paths, backend: str, out=print, record=None) -> list:
 
 def _undrivable(trace, backend: str):
     """Why a release cannot run this trace's configuration (its refusal at start,
-    `adapters.sglang.backend.config_refusal`; the era is known from a versioned name), or
+    `kvcheck.adapters.sglang.backend.config_refusal`; the era is known from a versioned name), or
     None: such a trace is skipped there, and says so, instead of failing the corpus."""
     from kvcheck.backends import release_refusal
     return release_refusal(trace.config, backend)
@@ -68,7 +68,7 @@ def planted_verdict(trace) -> tuple[str, str]:
     """Judge one self-test trace honestly: ("caught", ""), or why not. A trace that
     also fails with its fault switched OFF shows a defect in the tree, not a weak
     checker: that is a finding and is reported as one, not as a missed fault."""
-    from impl import faults
+    from kvcheck.impl import faults
     name = trace.meta["planted_fault"]
     with faults.planted(name):
         res, ok = replay_trace(trace, "impl", verbose=False)
@@ -111,7 +111,7 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
     from kvcheck.backends import known_findings
     from kvcheck.engines.gen import PATHS, beyond_line, differed_lines
     from kvcheck.fuzz import Console, fuzz
-    from spec.ops import OP_NAMES
+    from kvcheck.spec.ops import OP_NAMES
     rep = fuzz(None, CHECK_SEED, backend, out, rounds=max(1, examples), engine=engine,
                stop_on_first=True, console=Console(quiet=True, prefix="   "), accept=accept)
     if rep.interrupted:
@@ -232,7 +232,7 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
     """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B
     [--accept A]` does (B impl or sglang:VERSION: then every transition on the spec and B
     side by side). The reachability goals are the spec exploration's (B spec) only."""
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     from kvcheck.engines.gen import differed_lines
     p = argparse.ArgumentParser()
     X.add_arguments(p)
@@ -262,8 +262,8 @@ def unreached_goals(goals: list) -> list:
 
 
 def proofs_part(name: str, out: Optional[Path]):
-    import proofs
-    from proofs.cache import cache_at
+    from kvcheck import proofs
+    from kvcheck.proofs.cache import cache_at
     res = proofs.run_all(verbose=False, cache=cache_at(out))
     print(proofs.report(res))
     reused = sum(r.cached for r in res)
@@ -280,7 +280,7 @@ def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
     import contextlib
     import io
 
-    from impl import faults
+    from kvcheck.impl import faults
     buf = io.StringIO()
     t0, c0 = time.monotonic(), time.process_time()
     with contextlib.redirect_stdout(buf) if capture else contextlib.nullcontext(), \
@@ -319,7 +319,7 @@ def run_parts(parts: list, jobs: int, show, compiled: bool = False) -> list:
         return out
     from functools import partial
 
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.procs import WorkerPool, check_worker
     pool = WorkerPool(min(jobs, len(parts)), setup=partial(check_worker, compiled))
     done: dict = {}

@@ -16,17 +16,17 @@ import traceback
 from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Optional
 
-from spec.abstract import AbstractState, canonical, diff
-from spec.config import Config
-from spec.invariants import check_state, check_step
-from spec.model import ModelError, initial_state, refusal, step, within_accepted
-from spec.ops import Op
-from spec.state import State
-from spec.view import abstract
-from spec.violations import Violation
+from kvcheck.spec.abstract import AbstractState, canonical, diff
+from kvcheck.spec.config import Config
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.model import ModelError, initial_state, refusal, step, within_accepted
+from kvcheck.spec.ops import Op
+from kvcheck.spec.state import State
+from kvcheck.spec.view import abstract
+from kvcheck.spec.violations import Violation
 
 REUSE_EQUAL_VERDICT = True
-"""`_check_backend` takes the spec's invariant verdict over for a backend step whose
+"""`Lockstep._check_backend` takes the spec's invariant verdict over for a backend step whose
 states equal the spec's (tests compare both settings)."""
 
 DIVERGENCE = "D1"
@@ -181,9 +181,11 @@ class Lockstep:
         """Under Config.accept, the fixed spec (no finding accepted) run on the same
         operations while it computes what this one does; None from the first step where
         they differ: an accepted finding's branch was taken (see `_took_upstream`)."""
+        self.backend_prev = None    # the backend's abstract state after the last step
+        self.backend_same = False   # ... and whether it equalled the spec's (values, ids)
         if backend is not None:
-            backend._kvcheck_prev = backend.abstract()
-            backend._kvcheck_same = backend._kvcheck_prev == self.prev
+            self.backend_prev = backend.abstract()
+            self.backend_same = self.backend_prev == self.prev
 
     def fork(self) -> "Lockstep":
         """An independent copy to go on from (kvcheck/engines/exhaustive.py): the spec's
@@ -198,8 +200,8 @@ class Lockstep:
         elif self.backend is not None:
             # values never mutated in place are shared, not copied: the configuration and
             # the backend's last abstract view (replaced, never changed, by each step)
-            shared = (self.cfg, getattr(self.backend, "_kvcheck_prev", None))
-            other.backend = copy.deepcopy(self.backend, {id(x): x for x in shared})
+            # values never mutated in place are shared, not copied
+            other.backend = copy.deepcopy(self.backend, {id(self.cfg): self.cfg})
         return other
 
     def apply(self, op: Op) -> tuple[StepRecord, Optional[Failure]]:
@@ -236,8 +238,7 @@ class Lockstep:
                 return rec, None    # consequences the model does not follow: stop comparing
             known = accepted(vs)
         if self.backend is not None:
-            fail = _check_backend(i, op, out, b_spec, self.backend, self.backend_name, cfg, rec,
-                                  known, verdict)
+            fail = self._check_backend(i, op, out, b_spec, rec, known, verdict)
             if isinstance(fail, Beyond):    # the release left what the spec follows of it
                 self.beyond = fail
                 return rec, None
@@ -253,7 +254,7 @@ class Lockstep:
         Recorded on the stop (`Beyond.release`), counted by the engines; never a failure."""
         if self.backend is None:
             return b
-        prev = getattr(self.backend, "_kvcheck_prev", None)
+        prev = self.backend_prev
         try:
             out = self.backend.apply(b.op)
             after = self.backend.abstract()
@@ -279,6 +280,50 @@ class Lockstep:
             if b.release_past:
                 b.release += f"; past what the spec follows of it ({b.release_past})"
         return b
+
+    def _check_backend(self, i, op, spec_out, b_spec, rec, known=frozenset(),
+                       spec_verdict=None) -> Optional[Failure]:
+        """`spec_verdict`: the invariants' violations on the spec's side of this step. When the
+        backend's abstract states before and after the step equal the spec's (the same values,
+        page and row ids included; about half the steps of a walk), the invariants, pure
+        functions of those values, give the same violations, so they are taken over rather
+        than evaluated a second time; and the canonical comparison is then trivially equal."""
+        backend, name, cfg = self.backend, self.backend_name, self.cfg
+        prev, was_same = self.backend_prev, self.backend_same
+        try:
+            out = backend.apply(op)
+            observe = getattr(backend, "observe", None)     # both views from one snapshot
+            b_impl, concrete = observe() if observe else (backend.abstract(),
+                                                          backend.concrete_violations())
+        except Exception as e:  # the system under test crashed: that is a finding
+            return Failure(i, op, EXCEPTION, name, details=_tb(e))
+        rec.backend_outcome = out
+        rec.backend_state = b_impl
+        self.backend_prev = b_impl
+        past = getattr(backend, "past_model", None) if cfg.accept else None
+        why = past() if past is not None else None
+        if why:     # e.g. sglang 0.5.19-0.5.21 past U1/U2: two turns on one shared record
+            return Beyond(i, op, why.split(":", 1)[0], [f"{name}: {why}"])
+        same = self.backend_same = REUSE_EQUAL_VERDICT and b_impl == b_spec
+        vs = list(concrete)
+        if same and was_same and out == spec_out and spec_verdict is not None and prev is not None:
+            vs += spec_verdict                  # the same (before, op, outcome, after) values
+        else:
+            vs += check_state(b_impl, cfg)
+            if prev is not None:
+                vs += check_step(prev, op, out, b_impl, cfg)
+        vs = [v for v in vs if not _known(v, known)]
+        if vs:
+            return _failure(i, op, name, vs)
+        if out != spec_out:
+            return Failure(i, op, OUTCOME_DIVERGENCE, name,
+                           details=[f"spec says {spec_out!r}, {name} says {out!r}"])
+        if same:
+            return None
+        ca, cb = canonical(b_spec), canonical(b_impl)
+        if ca != cb:
+            return Failure(i, op, DIVERGENCE, name, details=diff(ca, cb, "spec", name))
+        return None
 
     def _took_upstream(self, op: Op, s=None, out=None, error=None) -> bool:
         """Whether an accepted finding's branch has been taken, at this step or before:
@@ -357,46 +402,3 @@ def _known(v, known) -> bool:
     return (v.id, v.owner) in known or (bool(known) and v.id[:1] in ("C", "L"))
 
 
-def _check_backend(i, op, spec_out, b_spec, backend, name, cfg, rec,
-                   known=frozenset(), spec_verdict=None) -> Optional[Failure]:
-    """`spec_verdict`: the invariants' violations on the spec's side of this step. When the
-    backend's abstract states before and after the step equal the spec's (the same values,
-    page and row ids included; about half the steps of a walk), the invariants, pure
-    functions of those values, give the same violations, so they are taken over rather
-    than evaluated a second time; and the canonical comparison is then trivially equal."""
-    prev = getattr(backend, "_kvcheck_prev", None)
-    was_same = getattr(backend, "_kvcheck_same", False)
-    try:
-        out = backend.apply(op)
-        observe = getattr(backend, "observe", None)     # both views from one snapshot
-        b_impl, concrete = observe() if observe else (backend.abstract(),
-                                                      backend.concrete_violations())
-    except Exception as e:  # the system under test crashed: that is a finding
-        return Failure(i, op, EXCEPTION, name, details=_tb(e))
-    rec.backend_outcome = out
-    rec.backend_state = b_impl
-    backend._kvcheck_prev = b_impl
-    past = getattr(backend, "past_model", None) if cfg.accept else None
-    why = past() if past is not None else None
-    if why:     # e.g. sglang 0.5.19-0.5.21 past U1/U2: two turns on one shared record
-        return Beyond(i, op, why.split(":", 1)[0], [f"{name}: {why}"])
-    same = backend._kvcheck_same = REUSE_EQUAL_VERDICT and b_impl == b_spec
-    vs = list(concrete)
-    if same and was_same and out == spec_out and spec_verdict is not None and prev is not None:
-        vs += spec_verdict                  # the same (before, op, outcome, after) values
-    else:
-        vs += check_state(b_impl, cfg)
-        if prev is not None:
-            vs += check_step(prev, op, out, b_impl, cfg)
-    vs = [v for v in vs if not _known(v, known)]
-    if vs:
-        return _failure(i, op, name, vs)
-    if out != spec_out:
-        return Failure(i, op, OUTCOME_DIVERGENCE, name,
-                       details=[f"spec says {spec_out!r}, {name} says {out!r}"])
-    if same:
-        return None
-    ca, cb = canonical(b_spec), canonical(b_impl)
-    if ca != cb:
-        return Failure(i, op, DIVERGENCE, name, details=diff(ca, cb, "spec", name))
-    return None

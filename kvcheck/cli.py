@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from kvcheck import argtypes as T
 from kvcheck.backends import BackendError
 from kvcheck.engines import DEFAULT_ENGINE, ENGINES
-from kvcheck.errors import ROOT, UsageError
+from kvcheck.errors import UsageError
 from kvcheck.shrink import DEFAULT_REPLAYS
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
@@ -24,12 +25,12 @@ EXIT_CODES = """exit codes (every command):
   2    a usage or input error (one line on stderr, before any work)
   130  interrupted
   141  the reader of the output went away (e.g. `| head`): stopped there"""
-FAILURES = ROOT / "failures"
-HYPOTHESIS_HOME = ROOT / ".hypothesis"
+FAILURES = Path("failures")
+HYPOTHESIS_HOME = Path(".hypothesis")
 
 
 def cmd_explore(args) -> int:
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     return X.main(args)
 
 
@@ -39,8 +40,8 @@ def cmd_coverage(args) -> int:
 
 
 def cmd_prove(args) -> int:
-    import proofs
-    from proofs.cache import cache_at
+    from kvcheck import proofs
+    from kvcheck.proofs.cache import cache_at
     res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
                          cache=cache_at(None if args.no_cache else args.out))
     print(proofs.report(res))
@@ -114,7 +115,7 @@ def _backend_flag(p, default="impl", what="system under test"):
 
 def build_parser() -> argparse.ArgumentParser:
     from kvcheck.check import cmd_check
-    from kvcheck.replay import cmd_replay
+    from kvcheck.replay_cmd import cmd_replay
     from kvcheck.selftest import cmd_fuzz, cmd_selftest
 
     p = Parser(prog="kvcheck", formatter_class=Formatter,
@@ -201,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = _command(sub, "explore", "exhaustive bounded exploration of the spec (BFS)",
                  "kvcheck explore --preset check --max-states 100000", cmd_explore)
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     X.add_arguments(e)
 
     pr = _command(sub, "prove", "z3 lemmas, inductive accounting, CrossHair contracts",
@@ -226,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
-    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME))
+    os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME.resolve()))
     cmd = "kvcheck"
     try:
         parser = build_parser()

@@ -3,7 +3,7 @@
 declares C types for it, and the .py still runs interpreted without Cython).
 
     make cython                                  # build (needs Cython and a C compiler)
-    python -m kvcheck.compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
+    python -m kvcheck.run_compiled explore ARGS...   # `kvcheck ARGS...` on the compiled modules
     make explore-compiled                        # the same for `kvcheck explore`
 
 The extension modules go to build/cython/ (git-ignored) with a manifest of the hashes
@@ -18,6 +18,7 @@ point (tests, `kvcheck explore`, `fuzz`, ...) is unaffected by a build.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -28,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cython"
 MANIFEST = BUILD / "manifest.json"
-MODULES = ("spec/state.py", "spec/model.py", "spec/abstract.py", "spec/view.py",
-           "spec/invariants.py", "kvcheck/fast_invariants.py", "kvcheck/explore.py")
+MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
+           "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
+           "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
+           "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
 re-executes its functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
@@ -99,8 +102,8 @@ def check_build() -> None:
         raise NotBuilt(f"the compiled build is stale ({', '.join(stale)} changed since); "
                        "run `make cython` again")
     for rel in MODULES:
-        pkg, mod = rel[:-3].split("/")
-        if not list((BUILD / pkg).glob(f"{mod}.*.so")) + list((BUILD / pkg).glob(f"{mod}.*.pyd")):
+        pkg, mod = BUILD / Path(rel).parent, Path(rel).stem
+        if not list(pkg.glob(f"{mod}.*.so")) + list(pkg.glob(f"{mod}.*.pyd")):
             raise NotBuilt(f"the compiled build lacks {rel}; run `make cython` again")
 
 
@@ -110,10 +113,22 @@ def activate() -> None:
     loaded = [_name(m) for m in MODULES if _name(m) in sys.modules]
     if loaded:
         raise RuntimeError(f"activate() after {loaded} were imported interpreted")
-    import kvcheck
-    import spec
-    spec.__path__.insert(0, str(BUILD / "spec"))
-    kvcheck.__path__.insert(0, str(BUILD / "kvcheck"))
+    # kvcheck and each subpackage with the build's folder first on its __path__, all of them before any
+    # runs its __init__ (kvcheck.explore's imports the spec's modules at once)
+    fresh = []
+    for pkg in dict.fromkeys(_name(m).rsplit(".", 1)[0] for m in MODULES):
+        where = str(BUILD / pkg.replace(".", "/"))
+        if pkg in sys.modules:
+            sys.modules[pkg].__path__.insert(0, where)
+            continue
+        spec = importlib.util.find_spec(pkg)
+        spec.submodule_search_locations.insert(0, where)
+        module = sys.modules[pkg] = importlib.util.module_from_spec(spec)
+        parent, _, child = pkg.rpartition(".")
+        setattr(sys.modules[parent], child, module)
+        fresh.append((spec, module))
+    for spec, module in fresh:
+        spec.loader.exec_module(module)
 
 
 def is_compiled(module) -> bool:
@@ -121,22 +136,18 @@ def is_compiled(module) -> bool:
 
 
 def main(argv=None) -> int:
+    """`python -m kvcheck.compiled build` (`make cython`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["build"]:
-        try:
-            build()
-        except NotBuilt as e:
-            print(f"kvcheck.compiled: {e}", file=sys.stderr)
-            return 2
-        return 0
+    if argv != ["build"]:
+        print("usage: python -m kvcheck.compiled build   (to run on the build: "
+              "python -m kvcheck.run_compiled ARGS...)", file=sys.stderr)
+        return 2
     try:
-        activate()
+        build()
     except NotBuilt as e:
-        print(f"kvcheck.compiled: {e}; running interpreted", file=sys.stderr)
-    from kvcheck import explore
-    from kvcheck.cli import main as cli_main
-    print(f"[{'compiled' if is_compiled(explore) else 'interpreted'} explorer]", file=sys.stderr)
-    return cli_main(argv)
+        print(f"kvcheck.compiled: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ that stops the check from reaching a branch fails.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -32,7 +33,10 @@ from typing import Optional
 
 from kvcheck.errors import REGRESSIONS, ROOT, UPSTREAM
 
-IMPL = ROOT / "impl"
+IMPL = Path(importlib.util.find_spec("kvcheck.impl").origin).resolve().parent
+"""impl/'s folder (found without importing it: measure_impl must start first)."""
+NAMES = IMPL.parent
+"""What a file's name in a report is relative to ("impl/x.py", in the checkout and installed)."""
 BASELINE = ROOT / "tests" / "coverage_baseline.json"
 FUZZ_SEED = 1
 """The fixed-count fuzz run's seed (the differential part uses kvcheck.check.CHECK_SEED)."""
@@ -173,14 +177,14 @@ def file_coverage(name: str, path: Path, entry: dict, functions=None) -> Optiona
         missing=[(a, b, _source_line(path, cache, a)) for a, b in missing])
 
 
-def reached(data: dict, root: Path = ROOT) -> set:
+def reached(data: dict, root: Path = NAMES) -> set:
     """The branches a run took, each named by its file, its function and the source text
     of its two ends ("impl/x.py:f: if x: -> return 1"; "exit" for a jump out of the
     function; "#k" numbers repeats of the same pair in one function), so that a baseline
     survives edits that only move lines."""
     out = set()
     for fname, entry in data["files"].items():
-        path = Path(fname) if Path(fname).is_absolute() else ROOT / fname
+        path = Path(fname) if Path(fname).is_absolute() else NAMES / fname
         rel = _relative(path, root)
         cache: dict = {}
         regions = entry.get("functions") or {"": entry}
@@ -195,7 +199,7 @@ def reached(data: dict, root: Path = ROOT) -> set:
 
 
 def _relative(path: Path, root: Path) -> str:
-    path = path if path.is_absolute() else ROOT / path
+    path = path if path.is_absolute() else NAMES / path
     try:
         return str(path.resolve().relative_to(root.resolve()))
     except ValueError:
@@ -205,8 +209,8 @@ def _relative(path: Path, root: Path) -> str:
 def impl_report(data: dict) -> list:
     files = []
     for fname, entry in sorted(data["files"].items()):
-        path = Path(fname) if Path(fname).is_absolute() else ROOT / fname
-        fc = file_coverage(_relative(path, ROOT), path, entry)
+        path = Path(fname) if Path(fname).is_absolute() else NAMES / fname
+        fc = file_coverage(_relative(path, NAMES), path, entry)
         if fc is not None:
             files.append(fc)
     return files
@@ -345,7 +349,7 @@ def sglang_rcfile(work: Path) -> Path:
 def measure_sglang(plan: Plan, work: Path, progress=_progress) -> tuple[dict, list]:
     """The release's server runs under coverage (see the module docstring)."""
     import coverage
-    from adapters.sglang import proxy
+    from kvcheck.adapters.sglang import proxy
     rc = sglang_rcfile(work)
     os.environ[SGLANG_ENV] = str(rc)
     try:
@@ -425,7 +429,7 @@ def _accept(args) -> tuple:
     if args.backend == "impl":
         return ()
     if args.accept is None and ":" in args.backend:
-        from adapters.sglang.findings import RELEASES
+        from kvcheck.adapters.sglang.findings import RELEASES
         return tuple(RELEASES.get(args.backend.split(":", 1)[1], ()))
     return parse_accept(args.accept, args.backend)
 
@@ -444,7 +448,7 @@ def cmd_coverage(args) -> int:
     if args.backend.startswith("sglang"):
         from kvcheck.backends import resolve
         resolve(args.backend)                       # unknown backend: exit 2, no work
-        from adapters.sglang.proxy import SglangUnavailable, resolve_python
+        from kvcheck.adapters.sglang.proxy import SglangUnavailable, resolve_python
         try:
             python = resolve_python(args.backend.split(":", 1)[1] if ":" in args.backend else None)
         except SglangUnavailable as e:

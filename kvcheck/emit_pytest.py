@@ -1,6 +1,6 @@
 """`kvcheck replay TRACE --emit-pytest OUT.py`: the trace as a standalone pytest test,
 the way Hypothesis prints a failing example as a program. The test rebuilds the
-configuration and the operation list in Python (spec.config, spec.ops), runs them on the
+configuration and the operation list in Python (kvcheck.spec.config, kvcheck.spec.ops), runs them on the
 chosen backend through kvcheck's API (kvcheck.replay.run_replay) and asserts the
 trace's expectation as `kvcheck replay` judges it (matches_expectation): it passes
 where the expectation holds and fails, with the failure printed, where it does not.
@@ -33,7 +33,7 @@ def emit_pytest(trace, backend: str, source: str = "trace") -> str:
     note = ""
     if fault:
         note = (f"\nThe trace was found with impl's planted fault `{fault}` switched on;\n"
-                f"this test does not switch it on (impl.faults.planted({fault!r}) does).\n")
+                f"this test does not switch it on (kvcheck.impl.faults.planted({fault!r}) does).\n")
     ops = "\n".join(f"    O.{_call(type(op).__name__, [(f.name, getattr(op, f.name)) for f in fields(op)])},"
                     for op in trace.ops)
     exp = trace.expect
@@ -42,8 +42,8 @@ Emitted by `kvcheck replay {source} --backend {backend} --emit-pytest`.
 {note}"""
 from kvcheck.replay import matches_expectation, run_replay
 from kvcheck.trace import Expect, Trace
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 BACKEND = {backend!r}
 CONFIG = {_call("Config", trace.config.to_json().items())}

@@ -30,7 +30,7 @@ GROUPS = (("I", "spec invariant, evaluated on the spec and on the system under t
 def failure_ids() -> dict:
     """{id: meaning} for every failure id, I* in numeric order first."""
     from kvcheck.checker import FAILURE_NAMES
-    from spec.invariants import INVARIANT_IDS
+    from kvcheck.spec.invariants import INVARIANT_IDS
     inv = dict(sorted(INVARIANT_IDS.items(), key=lambda kv: int(kv[0][1:])))
     return {**inv, **CONCRETE_CHECKS, **FAILURE_NAMES}
 

@@ -3,7 +3,7 @@ spec's own `State` without building an `AbstractState`.
 
 `spec/invariants.py` stays the reference: it says what each invariant means and it writes
 every violation message. This module only answers "would `check_state(abstract(s), cfg)`
-be empty?", reading the same fields `spec.view.abstract` reads (through plain snapshots:
+be empty?", reading the same fields `kvcheck.spec.view.abstract` reads (through plain snapshots:
 no copy-on-write). The explorer asks it first; when it answers False it builds the
 abstract view and runs the reference, so a report is always the reference's. So the one
 obligation here is: never answer True on a state where the reference finds a violation.
@@ -16,8 +16,8 @@ included). A state invariant this module does not know (one added to spec/ since
 """
 from __future__ import annotations
 
-from spec.hybrid import cursor_at_dead_lo, mamba_refs, row_swa_held
-from spec.state import ROOT, State
+from kvcheck.spec.hybrid import cursor_at_dead_lo, mamba_refs, row_swa_held
+from kvcheck.spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",
                      "I14", "I15", "I17", "I20", "I22", "I24", "I26", "I27", "I29",
@@ -31,7 +31,7 @@ def applies(cfg, state_invariant_ids) -> bool:
 
 def _anchor_path(nodes: dict, anchor):
     """The node path a radix anchor names, () for the root, None for no radix anchor
-    (None or virtual); KeyError for a dangling anchor (as `spec.view.anchor_view`)."""
+    (None or virtual); KeyError for a dangling anchor (as `kvcheck.spec.view.anchor_view`)."""
     if anchor is None or anchor[0] != "node":
         return None
     return () if anchor[1] == ROOT else nodes[anchor[1]].path

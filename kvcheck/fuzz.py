@@ -38,7 +38,7 @@ from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
 from kvcheck.engines.gen import Stats, beyond_line, differed_lines
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
 from kvcheck.trace import beyond_trace, failure_trace
-from spec.ops import OP_NAMES
+from kvcheck.spec.ops import OP_NAMES
 
 WORKER_CHUNK = 8
 """Sequences per chunk handed to a worker process or Ray task (a chunk ends early at
@@ -254,7 +254,7 @@ def fuzz(seconds: Optional[float] = None, seed: Optional[int] = None, backend: s
          accept: tuple = ()) -> FuzzReport:
     """Run a campaign within `rounds` sequences and/or `seconds` (at least one).
     `accept`: recorded upstream findings whose behaviour the spec takes (`--accept`)."""
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.backends import resolve
     if rounds is None and seconds is None:
         raise ValueError("fuzz needs a budget: rounds or seconds")

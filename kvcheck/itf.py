@@ -20,7 +20,7 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
-from spec.abstract import AbstractState
+from kvcheck.spec.abstract import AbstractState
 
 UNIT = "U_OF_UNIT"
 SAFE_INT = 2 ** 53
@@ -112,7 +112,7 @@ def operation(op) -> dict:
     """An operation as the variant `name(fields)`; None: the initial state's `init`."""
     if op is None:
         return variant("init")
-    from spec.fields import field_specs
+    from kvcheck.spec.fields import field_specs
     nullable = {name for name, _, cons in field_specs(type(op)) if cons.get("nullable")}
     return variant(op.name, {f.name: optional(getattr(op, f.name), "Some", "NoValue")
                              if f.name in nullable else value(getattr(op, f.name))

@@ -33,7 +33,7 @@ from kvcheck.errors import ROOT
 
 DOC = ROOT / "docs" / "coverage.md"
 MUTANTS = ROOT / "mutants"
-NO_MATCH = "impl.kvcheck_no_such_function*"
+NO_MATCH = "kvcheck.impl.kvcheck_no_such_function*"
 """A name no mutant has: `mutmut run` with it generates every mutant and collects the
 per-test stats without testing any mutant (the sample is drawn from what it made)."""
 RUN_RECORD = MUTANTS / "kvcheck-run.json"
@@ -103,14 +103,14 @@ def equivalent_mutants(doc: Path = DOC) -> set:
         return set()
     text = doc.read_text()
     m = re.search(r"^## Equivalent mutants\s*$(.*?)(?=^## |\Z)", text, re.M | re.S)
-    return set(re.findall(r"`(impl\.[\w.ǁ]+__mutmut_\d+)`", m.group(1))) if m else set()
+    return set(re.findall(r"`(kvcheck\.impl\.[\w.ǁ]+__mutmut_\d+)`", m.group(1))) if m else set()
 
 
 def mutant_results(mutants: Path = MUTANTS) -> dict:
     """mutant name -> mutmut's status, from mutmut's per-file records."""
     from mutmut.stats import status_by_exit_code
     out = {}
-    for meta in sorted(mutants.glob("impl/**/*.py.meta")):
+    for meta in sorted(mutants.glob("kvcheck/impl/**/*.py.meta")):
         for k, code in json.loads(meta.read_text())["exit_code_by_key"].items():
             out[k] = status_by_exit_code[code]
     return out
@@ -146,7 +146,7 @@ def oracle_fingerprint() -> str:
         root = ROOT / top
         files = [root] if root.is_file() else sorted(
             f for f in root.rglob("*") if f.suffix in (".py", ".json") and f.is_file()
-            and "__pycache__" not in f.parts)
+            and "__pycache__" not in f.parts and f.resolve() == f)   # not kvcheck/spec -> ../spec
         for f in files:
             h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from spec.abstract import (MISSING, TOP_FIELDS, AbstractState, Change, canonical, changes,
+from kvcheck.spec.abstract import (MISSING, TOP_FIELDS, AbstractState, Change, canonical, changes,
                            entities, entity_name, segments)
-from spec.invariants import row_owners
-from spec.pages import ceil_div
+from kvcheck.spec.invariants import row_owners
+from kvcheck.spec.pages import ceil_div
 
 DIFFERS, RENAMED = "*", "~"
 ID_FIELDS = ("free_pages", "free_rows")

@@ -17,9 +17,9 @@ import sys
 from typing import Optional
 
 from kvcheck.errors import ROOT
-from spec.config import Config
-from spec.fields import field_specs
-from spec.ops import OP_TYPES
+from kvcheck.spec.config import Config
+from kvcheck.spec.fields import field_specs
+from kvcheck.spec.ops import OP_TYPES
 
 PUBLISHED = ROOT / "docs" / "trace.schema.json"
 FORMAT = "kvcheck-trace"

@@ -34,7 +34,7 @@ def cmd_fuzz(args) -> int:
 
 
 def cmd_selftest(args) -> int:
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.fuzz import Console, fuzz
     rounds, seconds = _budget(args, 60.0)
     names = args.faults or sorted(faults.FAULTS)

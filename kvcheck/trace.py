@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Optional
 
 from kvcheck.schema import FORMAT, FORMAT_VERSION, first_error
-from spec.config import Config, ConfigError
-from spec.ops import OpError, op_from_json
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.ops import OpError, op_from_json
 
 
 class TraceError(ValueError):

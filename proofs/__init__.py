@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 
-from proofs.core import Result
+from kvcheck.proofs.core import Result
 
 __all__ = ["Result", "run_all", "report", "ok"]
 
@@ -24,12 +24,12 @@ INDUCTION_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "pr
 
 def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
             only: str | None = None) -> list[Result]:
-    """Every proof unit; `cache` (proofs.cache.ProofCache) reuses a unit whose covered
+    """Every proof unit; `cache` (kvcheck.proofs.cache.ProofCache) reuses a unit whose covered
     sources are unchanged since it last passed; `only`: units whose name contains it."""
-    from proofs import induction as I
-    from proofs import lemmas as L
-    from proofs.cache import cached_unit, digest, source_key
-    from proofs.crosshair_check import run_crosshair
+    from kvcheck.proofs import induction as I
+    from kvcheck.proofs import lemmas as L
+    from kvcheck.proofs.cache import cached_unit, digest, source_key
+    from kvcheck.proofs.crosshair_check import run_crosshair
 
     box: list = []
     th = None

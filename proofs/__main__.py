@@ -9,8 +9,8 @@ import time
 
 from pathlib import Path
 
-from proofs import ok, report, run_all
-from proofs.cache import ROOT, cache_at
+from kvcheck.proofs import ok, report, run_all
+from kvcheck.proofs.cache import ROOT, cache_at
 
 
 def main(argv=None) -> int:

@@ -24,7 +24,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Callable
 
-from proofs.core import Result
+from kvcheck.proofs.core import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE_FILE = Path(".kvcheck-cache") / "proofs.json"

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from proofs.core import Result
+from kvcheck.proofs.core import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 PER_CONDITION_TIMEOUT = 2.0
@@ -41,16 +41,16 @@ def _start(targets: str, cwd: Path, env_path: str) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True)
 
 
-REAL_NAME = "crosshair PEP316: spec.pages contracts"
+REAL_NAME = "crosshair PEP316: kvcheck.spec.pages contracts"
 MUTANT_NAME = "crosshair PEP316 / control: ceil_align mutant (floor)"
 
 
 def contract_keys(root: Path = ROOT) -> dict[str, str]:
     """One cache key per function of spec/pages.py: its source, its callees' sources,
     this module (the options) and the tool versions. Only changed ones are re-checked."""
-    from proofs.cache import digest, function_sources, source_key
+    from kvcheck.proofs.cache import digest, function_sources, source_key
     base = source_key("proofs/crosshair_check.py", root=root)
-    return {f"crosshair: spec.pages.{name}": digest(base, name, text)
+    return {f"crosshair: kvcheck.spec.pages.{name}": digest(base, name, text)
             for name, text in function_sources((root / "spec/pages.py").read_text()).items()}
 
 
@@ -75,7 +75,7 @@ def _outcome(proc, name, expected, t0, timeout_s) -> Result:
 def run_crosshair(timeout_s: float = 60.0, cache=None, only: str | None = None) -> list[Result]:
     """The contracts whose key is not in `cache` (all without one) and the mutant control,
     concurrently (one process each). Contracts that passed under the same key are reused."""
-    from proofs.cache import cached_unit, digest, source_key
+    from kvcheck.proofs.cache import cached_unit, digest, source_key
     t0 = time.perf_counter()
     keys = contract_keys()
     if only is not None:

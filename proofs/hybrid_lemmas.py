@@ -1,7 +1,7 @@
 """Window arithmetic of hybrid SWA models (spec/hybrid.py), proved with z3 for a symbolic
 page size, window and cursor.
 
-The term is the real `spec.hybrid.swa_evict_target` run on z3 terms (proofs.symexec: it
+The term is the real `kvcheck.spec.hybrid.swa_evict_target` run on z3 terms (kvcheck.proofs.symexec: it
 is re-bound next to spec/pages.py's functions, so it calls the real `floor_align`); each
 lemma has negative controls (mutants z3 must refute), like proofs/lemmas.py.
 """
@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import z3
 
-from proofs.symexec import REAL, Module
-from spec.fields import MAX_PAGE_SIZE
-from spec.hybrid import swa_evict_target, swa_evict_target_borrow, swa_keep
+from kvcheck.proofs.symexec import REAL, Module, S, is_mult, zmax
+from kvcheck.spec.fields import MAX_PAGE_SIZE
+from kvcheck.spec.hybrid import swa_evict_target, swa_evict_target_borrow, swa_keep
 
 HYB = Module({"swa_evict_target": swa_evict_target, "swa_keep": swa_keep,
               "swa_evict_target_borrow": swa_evict_target_borrow},
-             name="spec.pages + spec.hybrid's window arithmetic")
+             name="kvcheck.spec.pages + kvcheck.spec.hybrid's window arithmetic")
 
 
 def _hyb(label: str, mutant, name: str = "swa_evict_target") -> tuple:
@@ -23,7 +23,7 @@ def _hyb(label: str, mutant, name: str = "swa_evict_target") -> tuple:
 
 
 def _on_hyb(build):
-    """run_lemma proves over proofs.symexec.REAL (spec/pages.py alone): prove over HYB."""
+    """run_lemma proves over kvcheck.proofs.symexec.REAL (spec/pages.py alone): prove over HYB."""
     return lambda M: build(HYB if M is REAL else M)
 
 
@@ -31,7 +31,6 @@ def swa_window_lemma(M):
     """`free_swa_out_of_window_slots`, when it moves the cursor (new > evicted): frees only
     whole pages, never a position of the last max(window, P) tokens, and the cursor stays
     within the computed KV (pre_len <= kv_committed_len): I42's first half is inductive."""
-    from proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p, i = z3.Ints("evicted pre_len window P i")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     moved = new > ev
@@ -47,7 +46,6 @@ def swa_window_lemma(M):
 def swa_window_progress_lemma(M):
     """With a page-aligned cursor below it, the frontier reaches the last whole page out of
     the window: every page wholly before pre_len - max(window, P) is freed."""
-    from proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p = z3.Ints("evicted pre_len window P")
     new = S(M, "swa_evict_target", ev, pre, w, p)
     t = pre - zmax(w, p)
@@ -62,7 +60,6 @@ def swa_window_borrow_lemma(M):
     `max(window, P)` a window that is not a multiple of P loses up to P - 1 of them).
     For each page size of Config's range, as its own linear case (a symbolic P makes the
     two floors and the ceil nonlinear, which z3 does not settle in a minute)."""
-    from proofs.lemmas import S, is_mult, zmax
     ev, pre, w, p = z3.Ints("evicted pre_len window P")
 
     def case(k):

@@ -9,7 +9,7 @@ does not change. Tree content is two counters, evictable `E` and protected `Pt`:
 or unlock moves an arbitrary amount between them (z3 chooses it), an insert adds to
 `E`, an eviction moves from `E` to available `A`. Every page computation (pages an
 extend consumes, pages a range free releases, owned tokens, the trims) is the z3 term of
-the real spec/pages.py function (proofs.symexec), so the induction is about the same
+the real spec/pages.py function (kvcheck.proofs.symexec), so the induction is about the same
 arithmetic the spec runs. Each operation follows docs/semantics.md.
 
 The invariant is the conjunction of the target invariants and the auxiliary ones
@@ -25,8 +25,8 @@ from typing import Callable
 
 import z3
 
-from proofs.core import Result, check, check_control, fmt_model, timed
-from proofs.symexec import REAL, Module, mutate, positive_divisors, py_mod, symbolic
+from kvcheck.proofs.core import Result, check, check_control, fmt_model, timed
+from kvcheck.proofs.symexec import REAL, Module, mutate, positive_divisors, py_mod, symbolic
 
 FREE = 0
 QUEUED = 1

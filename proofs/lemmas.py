@@ -1,7 +1,7 @@
 """Page-arithmetic lemmas (z3, unbounded integers, symbolic page size P >= 1).
 
 Each lemma is a function `build(M) -> (hyps, goal)` where M is a copy of spec/pages.py
-(`proofs.symexec.Module`): the terms are obtained by running the real spec functions
+(`kvcheck.proofs.symexec.Module`): the terms are obtained by running the real spec functions
 on z3 terms. A lemma is proved when `hyps and not goal` is unsat. Every lemma has at
 least one negative control: the same lemma over a mutated module (floor for ceil, a
 missing clamp, an off-by-one) that z3 must refute; a control that is not refuted means
@@ -17,28 +17,12 @@ from typing import Callable
 
 import z3
 
-from proofs.core import Result, check, check_control, fmt_model, timed
-from proofs.symexec import (Module, REAL, SymRange, mutate, positive_divisors, py_floordiv,
-                            py_mod, symbolic)
+from kvcheck.proofs.core import Result, check, check_control, fmt_model, timed
+from kvcheck.proofs.symexec import (Module, REAL, S, SymRange, is_mult, mutate, positive_divisors,
+                                   py_floordiv, py_mod, zmax, zmin)
 
 
 Ints = z3.Ints
-
-
-def S(M: Module, name: str, *args):
-    return symbolic(name, *args, module=M)
-
-
-def is_mult(x, p):
-    return py_mod(x, p) == 0
-
-
-def zmin(a, b):
-    return z3.If(a <= b, a, b)
-
-
-def zmax(a, b):
-    return z3.If(a >= b, a, b)
 
 
 # ---------------------------------------------------------------------------
@@ -427,7 +411,7 @@ LEMMAS: list[Lemma] = [
 ]
 
 
-from proofs.hybrid_lemmas import make_hybrid_lemmas  # noqa: E402
+from kvcheck.proofs.hybrid_lemmas import make_hybrid_lemmas  # noqa: E402
 
 LEMMAS += make_hybrid_lemmas(Lemma)
 """Hybrid models: the SWA window arithmetic (proofs/hybrid_lemmas.py)."""

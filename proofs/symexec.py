@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import z3
 
-import spec.pages as _pages
+import kvcheck.spec.pages as _pages
 
 PRUNE_RLIMIT = 5_000_000
 """z3 steps for one path-feasibility query (deterministic, unlike a time limit)."""
@@ -42,7 +42,7 @@ def py_floordiv(x, p):
         v = p.as_long()
         return x / p if v > 0 else (-x) / (-p)
     if POSITIVE_DIVISORS:
-        # Under the obligation p > 0 (checked by proofs.core.check for every term
+        # Under the obligation p > 0 (checked by kvcheck.proofs.core.check for every term
         # recorded here) SMT div is Python's floor division.
         POSITIVE_DIVISORS[-1].append(p)
         return x / p
@@ -50,7 +50,7 @@ def py_floordiv(x, p):
 
 
 POSITIVE_DIVISORS: list[list] = []
-"""While a lemma is built (`proofs.core.obligations()`), symbolic divisors are recorded
+"""While a lemma is built (`kvcheck.proofs.core.obligations()`), symbolic divisors are recorded
 here instead of being case-split on their sign."""
 
 
@@ -253,7 +253,7 @@ def _merge(paths):
 
 
 def symbolic(fn: Callable, *args, module: "Module | None" = None):
-    """z3 term(s) of `fn(*args)` where fn is a spec.pages function (or its name) and args
+    """z3 term(s) of `fn(*args)` where fn is a kvcheck.spec.pages function (or its name) and args
     are z3 terms / ints / None. Returns a z3 term, a tuple of them, or a SymRange."""
     mod = module or REAL
     f = mod.fn(fn if isinstance(fn, str) else fn.__name__)
@@ -268,10 +268,10 @@ def symbolic(fn: Callable, *args, module: "Module | None" = None):
 # ---------------------------------------------------------------------------
 
 class Module:
-    """spec.pages re-bound to its own globals: `range` is symbolic there, and overrides
+    """kvcheck.spec.pages re-bound to its own globals: `range` is symbolic there, and overrides
     (mutants) replace functions by name so that callers see them."""
 
-    def __init__(self, overrides: dict[str, Callable] | None = None, name: str = "spec.pages"):
+    def __init__(self, overrides: dict[str, Callable] | None = None, name: str = "kvcheck.spec.pages"):
         self.name = name
         self.overrides = dict(overrides or {})
         g = dict(_pages.__dict__)
@@ -313,7 +313,7 @@ def mutate(name: str, **overrides: Callable) -> Module:
 class positive_divisors:
     """Context manager: inside it, `x // p` with a symbolic p is encoded as SMT div and
     p is recorded; `.obligation()` is the conjunction `p > 0` over the recorded divisors,
-    which the caller must prove from its hypotheses (proofs.core.check does)."""
+    which the caller must prove from its hypotheses (kvcheck.proofs.core.check does)."""
 
     def __enter__(self):
         self.divs: list = []
@@ -327,3 +327,21 @@ class positive_divisors:
     def obligation(self):
         uniq = {d.get_id(): d for d in self.divs}
         return z3.And(*[d > 0 for d in uniq.values()]) if uniq else z3.BoolVal(True)
+
+
+# the vocabulary the lemmas (proofs/lemmas.py, proofs/hybrid_lemmas.py) are written in
+
+def S(M: Module, name: str, *args):
+    return symbolic(name, *args, module=M)
+
+
+def is_mult(x, p):
+    return py_mod(x, p) == 0
+
+
+def zmin(a, b):
+    return z3.If(a <= b, a, b)
+
+
+def zmax(a, b):
+    return z3.If(a >= b, a, b)

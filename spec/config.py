@@ -9,7 +9,7 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Literal, Optional
 
-from spec.fields import MAX_CONTEXT, MAX_DRAFTS, MAX_PAGE_SIZE, MAX_PAGES, MAX_ROWS, Range, field_error
+from kvcheck.spec.fields import MAX_CONTEXT, MAX_DRAFTS, MAX_PAGE_SIZE, MAX_PAGES, MAX_ROWS, Range, field_error
 
 Era = Literal["wrapper", "borrow"]
 ERAS = typing.get_args(Era)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import bisect
 
-from spec import mamba_tree
-from spec.pages import ceil_align, floor_align, row_pages
-from spec.state import Req, Slot, State
+from kvcheck.spec import mamba_tree
+from kvcheck.spec.pages import ceil_align, floor_align, row_pages
+from kvcheck.spec.state import Req, Slot, State
+from kvcheck.spec.violations import ModelError
 
 EMPTY_TRACK = -1
 """The sentinel a lazily allocated ping-pong buffer holds in its unallocated entry."""
@@ -274,7 +275,6 @@ def _free_swa_borrow(s: State, req: Req, pre_len: int, interval: int) -> None:
         row = s.rows[req.row]
         pages = [row[k] for k in row_pages(evicted, new, P)]
         if None in pages:       # only two turns on one record (accepted U1/U2) get here
-            from spec.model import ModelError
             raise ModelError(f"free_swa_out_of_window_slots: req {req.rid}'s pre_len {pre_len} "
                              f"runs past its record's allocated row ({req.allocated}): upstream "
                              f"frees req_to_token entries it never allocated")

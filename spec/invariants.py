@@ -11,12 +11,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
-from spec import ops as O
-from spec.abstract import AbstractState
-from spec.config import Config
-from spec.hybrid import cursor_at_dead_lo, row_swa_held
-from spec.pages import ceil_align, ceil_div
-from spec.violations import Violation
+from kvcheck.spec import ops as O
+from kvcheck.spec.abstract import AbstractState
+from kvcheck.spec.config import Config
+from kvcheck.spec.hybrid import cursor_at_dead_lo, row_swa_held
+from kvcheck.spec.pages import ceil_align, ceil_div
+from kvcheck.spec.violations import Violation
 
 
 @dataclass(frozen=True)

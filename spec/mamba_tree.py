@@ -63,8 +63,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spec.pages import chunk_end
-from spec.state import ROOT, State
+from kvcheck.spec.pages import chunk_end
+from kvcheck.spec.state import ROOT, State
 
 
 def on(s: State) -> bool:

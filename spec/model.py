@@ -14,26 +14,17 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from spec import hybrid, mamba_tree
-from spec import ops as O
-from spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
+from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec.violations import ModelError  # noqa: F401  (kvcheck.spec.model.ModelError)
+from kvcheck.spec import ops as O
+from kvcheck.spec.pages import (ceil_align, ceil_div, chunk_end, floor_align, free_kv_aligned_pages,
                         pages_needed_extend, restore_prefix_len, row_pages)
-from spec.state import ROOT, Node, Req, Session, Slot, State, initial_state
+from kvcheck.spec.state import ROOT, Node, Req, Session, Slot, State, initial_state
 
 __all__ = ["initial_state", "enabled", "step", "ModelError", "SAMPLED_TOKEN"]
 
 SAMPLED_TOKEN = 1
 """The token the prefill forward samples (the first output token)."""
-
-
-class ModelError(AssertionError):
-    """An assertion of upstream code that the model itself reached (names it). `upstream`:
-    the assertion's own message in the releases whose wording the model's message does not
-    begin with (a release that raises one of them raised the same assertion)."""
-
-    def __init__(self, message: str, upstream: tuple = ()):
-        super().__init__(message)
-        self.upstream = upstream
 
 
 # ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, ClassVar, Optional
 
-from spec.fields import (MAX_DRAFTS, MAX_ID, MAX_ROUND, Id, Ids, LogprobStart, Range, TokenCount,
+from kvcheck.spec.fields import (MAX_DRAFTS, MAX_ID, MAX_ROUND, Id, Ids, LogprobStart, Range, TokenCount,
                          TokenId, Tokens, field_error)
 
 
@@ -259,6 +259,6 @@ ok: done. rejected: `schedule` admission refused (match ran). oom: `decode`,
 `spec_decode` or `prefill_chunk` found no KV after eviction (nothing changed).
 deferred: `close_session` while a turn is in flight. stub: `submit_turn` rejected by
 `create_req` (an aborted stub is queued), or for a session that is not open.
-refused: a client request upstream turns down without a change (`spec.model.refused`:
+refused: a client request upstream turns down without a change (`kvcheck.spec.model.refused`:
 open_session of an id in use, close_session of one not open, an abort of a request
 that is not live)."""

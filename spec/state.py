@@ -5,7 +5,7 @@ Pages and rows are plain integers. A row is the list of page ids of its row-page
 that segment; requests, slots and sessions carry SGLang's field names. `content` records
 which token's KV a page position holds, so that a token/KV mismatch is visible.
 
-`State.clone()` is the only copy the model makes: `spec.model.step` clones, then
+`State.clone()` is the only copy the model makes: `kvcheck.spec.model.step` clones, then
 mutates the clone, so a step is a pure function of (state, op).
 
 Copy on write: the entity maps (`nodes`, `reqs`, `slots`, `sessions`, `rows`) are
@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from spec.config import Config
+from kvcheck.spec.config import Config
 
 ROOT = 0
 _ABSENT = object()

@@ -1,12 +1,12 @@
 """The spec's own state mapped onto the AbstractState (the same view adapters produce)."""
 from __future__ import annotations
 
-from spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
+from kvcheck.spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
-from spec.hybrid import mamba_refs
-from spec.pages import ceil_div
-from spec.state import ROOT, State
-from spec.model import evictable_leaves, node_path
+from kvcheck.spec.hybrid import mamba_refs
+from kvcheck.spec.pages import ceil_div
+from kvcheck.spec.state import ROOT, State
+from kvcheck.spec.model import evictable_leaves, node_path
 
 
 def anchor_view(s: State, anchor, locked: bool = True):

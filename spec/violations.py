@@ -24,3 +24,13 @@ class Violation:
             where.append(f"page {self.page}")
         loc = f" [{'; '.join(where)}]" if where else ""
         return f"{self.id} {self.name}{loc}: {self.message}"
+
+
+class ModelError(AssertionError):
+    """An assertion of upstream code that the model itself reached (names it). `upstream`:
+    the assertion's own message in the releases whose wording the model's message does not
+    begin with (a release that raises one of them raised the same assertion)."""
+
+    def __init__(self, message: str, upstream: tuple = ()):
+        super().__init__(message)
+        self.upstream = upstream

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from adapters.impl import ImplBackend
-from impl import faults
+from kvcheck.adapters.impl import ImplBackend
+from kvcheck.impl import faults
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from spec.ops import OP_NAMES
+from kvcheck.spec.ops import OP_NAMES
 from kvcheck.engines import hypothesis_machine as M
 
 HERE = Path(__file__).parent

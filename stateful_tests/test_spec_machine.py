@@ -2,7 +2,7 @@
 from hypothesis import settings
 
 from kvcheck.engines.hypothesis_machine import STATS, make_machine
-from spec.ops import OP_NAMES
+from kvcheck.spec.ops import OP_NAMES
 
 SpecMachine = make_machine(None)
 TestSpecMachine = SpecMachine.TestCase

@@ -8,7 +8,7 @@ import pytest
 def assert_invariant_fires():
     """check(state, cfg, inv_id): spec/invariants.py's check_state reports inv_id on the
     abstract state, and its message carries the invariant's name."""
-    from spec.invariants import INVARIANT_IDS, check_state
+    from kvcheck.spec.invariants import INVARIANT_IDS, check_state
 
     def check(state, cfg, inv_id):
         vs = check_state(state, cfg)
@@ -25,12 +25,12 @@ class SpecAlone:
     (`past_model`, as sglang 0.5.19's R1)."""
 
     def __init__(self, cfg, idle_from=None, past_at=None):
-        from spec.model import initial_state
+        from kvcheck.spec.model import initial_state
         self.state, self.n = initial_state(cfg), 0
         self.idle_from, self.past_at = idle_from, past_at
 
     def apply(self, op):
-        from spec.model import step
+        from kvcheck.spec.model import step
         self.n += 1
         if self.idle_from is not None and self.n > self.idle_from:
             return "ok"
@@ -38,7 +38,7 @@ class SpecAlone:
         return out
 
     def abstract(self):
-        from spec.view import abstract
+        from kvcheck.spec.view import abstract
         return abstract(self.state)
 
     def concrete_violations(self):

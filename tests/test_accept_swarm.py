@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import random
 
-from adapters.sglang.findings import leaves_one_turn_per_session
+from kvcheck.adapters.sglang.findings import leaves_one_turn_per_session
 from kvcheck.backends import config_kw
 from kvcheck.checker import Lockstep
 from kvcheck.engines.gen import RandomDrawer, Stats
 from kvcheck.engines.walk import draw_findings, draw_plan, plan_rng, walk
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 TURN_3_RUNS = [O.OpenSession(2), O.SubmitTurn(2, 3, (1, 2, 3, 4, 5, 4, 1, 2, 3, 4), 6),
                O.Schedule(3), O.SubmitTurn(2, 6, (2, 1), 1)]

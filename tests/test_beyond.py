@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-import spec.model as M
+import kvcheck.spec.model as M
 from kvcheck.checker import SPEC_ASSERTION, Lockstep, run_ops
 from kvcheck.check import differential_part
 from kvcheck.engines.gen import Stats
 from kvcheck.engines.walk import walk
 from kvcheck.fuzz import fuzz
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -155,7 +155,7 @@ def test_i26_on_a_slot_is_past_the_accepted_model():
     assert res.beyond is not None and (res.beyond.step, res.beyond.reason) == (6, "I26")
     assert any("slot of session 1" in d for d in res.beyond.details), res.beyond.details
     # on a request it is U1/U2's own consequence; on a slot it is not
-    from spec.violations import Violation
+    from kvcheck.spec.violations import Violation
     assert M.within_accepted(("U2",), [Violation("I26", "", "", "req 1", 3)])
     assert not M.within_accepted(("U2",), [Violation("I26", "", "", "slot of session 1", 3)])
     assert M.within_accepted(("U2",), [Violation("I20", "", "", "session 1", None)])
@@ -220,7 +220,7 @@ def test_u1_crashes_the_scheduler_at_the_assertion_the_spec_stops_at(version, st
     upstream's own assertion ("streaming session prefix shrank"), and the release, run
     alone past that point, raises that assertion at that step (0.5.15's trace needs a
     speculative step, 0.5.23's does not)."""
-    from adapters.sglang.conformance import past_failure
+    from kvcheck.adapters.sglang.conformance import past_failure
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "upstream" / f"u1-prefix-shrank-crash-sglang-{version}.json")
     res = run_ops(t.config, t.ops, None, backend_name="spec")
@@ -242,7 +242,7 @@ def test_u1_close_under_a_prefilling_turn_empties_its_record_then_crashes(versio
     the slot's record. The spec stops at step 5 (its turn keeps its own row: I17, I4, ...);
     the release, alone there, shows a prefilling request without a row (I29) and I22, and
     raises at the turn's next chunk."""
-    from adapters.sglang.conformance import past_failure
+    from kvcheck.adapters.sglang.conformance import past_failure
     from kvcheck.replay import run_replay
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "upstream" / f"u1-close-under-running-turn-sglang-{version}.json")
@@ -262,7 +262,7 @@ def test_u1_restore_cuts_a_running_record_and_the_release_asserts(version):
     on and cuts it to its own prefix 0; the spec reaches ReqToTokenPool.alloc's assertion,
     and the release, alone there, raises its own wording of it (counted as the same:
     `ModelError.upstream`), the assertion that ends the scheduler."""
-    from adapters.sglang.conformance import past_failure
+    from kvcheck.adapters.sglang.conformance import past_failure
     from kvcheck.replay import run_replay
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "upstream" / f"u1-restore-cuts-running-record-crash-sglang-{version}.json")
@@ -388,7 +388,7 @@ def test_an_interrupted_exploration_keeps_the_stops_it_wrote(version, tmp_path, 
     first leaves its trace on disk and named on stdout, and the interrupt goes on up."""
     import argparse
 
-    from kvcheck import explore as X
+    from kvcheck import explore_cmd as X
     from kvcheck.engines import exhaustive
     real = exhaustive.check_transitions
 

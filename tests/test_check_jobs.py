@@ -85,7 +85,7 @@ def test_an_interrupt_stops_every_worker_and_exits_130(tmp_path):
 
 
 def test_a_fault_planted_in_the_driver_is_planted_in_every_worker(tmp_path):
-    from impl import faults
+    from kvcheck.impl import faults
     part = C.Part("regression corpus", C.corpus_part, ((REGRESSIONS,), "impl"))
     clean = C.run_parts([part, part], 2, lambda r: None)
     with faults.planted("free_tail_unaligned"):
@@ -97,9 +97,9 @@ def test_a_fault_planted_in_the_driver_is_planted_in_every_worker(tmp_path):
 
 def spec_mode(name):
     """A part that says whether its process runs the spec compiled."""
-    import spec.model
+    import kvcheck.spec.model
     from kvcheck.compiled import is_compiled
-    return True, "compiled" if is_compiled(spec.model) else "interpreted", []
+    return True, "compiled" if is_compiled(kvcheck.spec.model) else "interpreted", []
 
 
 def test_workers_run_a_fresh_compiled_build_and_give_the_same_results(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import checker
 from kvcheck.errors import REGRESSIONS
 from kvcheck.replay import run_replay
@@ -36,7 +36,7 @@ def test_same_findings_with_and_without_reuse(path, monkeypatch):
 
 
 def test_walks_agree_with_and_without_reuse(monkeypatch):
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
 

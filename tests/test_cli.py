@@ -36,7 +36,7 @@ def test_replay_scenario_passes(capsys):
 
 
 def test_replay_planted_trace_without_its_fault_is_not_as_expected(capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     t = load(REG / "planted" / "free_tail_unaligned.json")
     res, ok = replay_trace(t, "impl", verbose=False)
     assert not ok and res.failure is None
@@ -45,7 +45,7 @@ def test_replay_planted_trace_without_its_fault_is_not_as_expected(capsys):
 
 
 def test_replay_reports_violation_with_fault(capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted("free_tail_unaligned"):
         rc = cli.main(["replay", str(REG / "planted" / "free_tail_unaligned.json")])
     out = capsys.readouterr().out
@@ -100,7 +100,7 @@ def test_trace_round_trip():
 
 
 def test_fuzz_finds_planted_fault_and_writes_replayable_trace(tmp_path):
-    from impl import faults
+    from kvcheck.impl import faults
     from kvcheck.fuzz import fuzz
     with faults.planted("free_no_page_dedup"):
         rep = fuzz(20, seed=3, out_dir=tmp_path, stop_on_first=True, quiet=True)

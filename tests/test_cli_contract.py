@@ -278,26 +278,26 @@ def test_x1_names_the_refusing_guard(tmp_path, capsys, ops, config, reason):
 def test_client_requests_upstream_turns_down_are_answered_not_x1(ops, outcome):
     """A client may send these; upstream answers (no change, or an aborted stub), and
     impl/ must answer the same and change nothing else."""
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
-    from spec.config import Config
-    from spec.ops import op_from_json
+    from kvcheck.spec.config import Config
+    from kvcheck.spec.ops import op_from_json
     cfg = Config()
     res = run_ops(cfg, [op_from_json(o) for o in ops], ImplBackend(cfg), keep_records=True)
     assert res.ok, res.failure.render()
     last = res.records[-1]
     assert last.outcome == last.backend_outcome == outcome
     if outcome == "refused":            # nothing changed, on either side
-        from spec.model import initial_state
-        from spec.view import abstract
+        from kvcheck.spec.model import initial_state
+        from kvcheck.spec.view import abstract
         before = res.records[-2].spec_state if len(res.records) > 1 else abstract(initial_state(cfg))
         assert last.spec_state == last.backend_state == before
 
 
 def test_refusal_and_enabled_agree_with_one_guard():
-    from spec import ops as O
-    from spec.config import Config
-    from spec.model import enabled, initial_state, refusal, step
+    from kvcheck.spec import ops as O
+    from kvcheck.spec.config import Config
+    from kvcheck.spec.model import enabled, initial_state, refusal, step
     s = initial_state(Config())
     probes = [O.Decode(1), O.OpenSession(1), O.SubmitRequest(1, (1, 2), 2), O.Schedule(1),
               O.Evict(1), O.CloseSession(1), O.Finish(1)]
@@ -327,7 +327,7 @@ def test_upstream_trace_is_not_passed_off_as_expected_on_impl(capsys):
 
 
 def test_upstream_trace_defaults_to_its_release_or_names_the_flag(capsys, monkeypatch):
-    from adapters.sglang import proxy
+    from kvcheck.adapters.sglang import proxy
     monkeypatch.delenv("KVCHECK_SGLANG_PYTHON", raising=False)
     if proxy.venv_python("0.5.15").exists():
         pytest.skip("sglang 0.5.15 is built here; the release itself runs it")
@@ -390,7 +390,7 @@ def test_explain_lists_and_explains_every_failure_id(capsys):
 def test_every_concrete_check_id_emitted_is_explained():
     from kvcheck.failures import CONCRETE_CHECKS
     emitted = set()
-    for f in (ROOT / "impl" / "checks.py", ROOT / "adapters" / "sglang" / "backend.py"):
+    for f in (ROOT / "impl" / "checks.py", ROOT / "adapters" / "sglang" / "concrete.py"):
         emitted |= set(re.findall(r'(?:Finding|Violation)\("([CL]\d+)"', f.read_text()))
     assert emitted and emitted <= set(CONCRETE_CHECKS), emitted - set(CONCRETE_CHECKS)
 
@@ -416,7 +416,7 @@ def test_every_corpus_trace_matches_the_published_schema():
 
 def test_schema_follows_a_field_declaration():
     from kvcheck.schema import trace_schema
-    from spec.fields import MAX_PAGES
+    from kvcheck.spec.fields import MAX_PAGES
     s = trace_schema()["$defs"]
     assert s["config"]["properties"]["num_pages"]["maximum"] == MAX_PAGES
     assert s["spec_decode"]["required"] == ["op", "rid", "drafts", "accepted"]

@@ -23,7 +23,8 @@ if sys.argv[1] == "compiled":
     activate()
 from kvcheck import explore as E
 from kvcheck.compiled import is_compiled
-E.SIGNATURE_ORDER = repr
+from kvcheck.explore import symmetry
+symmetry.SIGNATURE_ORDER = repr
 gc.collect()
 gc.disable()
 r = E.explore(E.PRESETS["tiny"][0], fingerprints=False)
@@ -34,7 +35,7 @@ for name in ("hybrid", "mamba-tree"):       # the hybrid part of the key too
     for sc in E.PRESETS[name]:
         for s in E.reachable_states(replace(sc, max_depth=3)):
             E.state_key(s), E.state_key(s, False)
-print(json.dumps({"compiled": is_compiled(E), "states": r.states, "transitions": r.transitions,
+print(json.dumps({"compiled": is_compiled(E.search), "states": r.states, "transitions": r.transitions,
                   "keys": hashlib.sha256("\\n".join(keys).encode()).hexdigest(), "n": len(keys),
                   "rebuilt_same": rebuilt, "cycles": gc.collect()}))
 """
@@ -64,9 +65,9 @@ def test_compiled_and_interpreted_explore_identical_state_sets():
 def test_a_stale_build_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "manifest.json")
     hashes = compiled.source_hashes()
-    hashes["spec/model.py"] = hashlib.sha256(b"an older model").hexdigest()
+    hashes["kvcheck/spec/model.py"] = hashlib.sha256(b"an older model").hexdigest()
     (tmp_path / "manifest.json").write_text(json.dumps(hashes))
-    with pytest.raises(compiled.NotBuilt, match="stale.*spec/model.py"):
+    with pytest.raises(compiled.NotBuilt, match="stale.*kvcheck/spec/model.py"):
         compiled.check_build()
     monkeypatch.setattr(compiled, "MANIFEST", tmp_path / "absent.json")
     with pytest.raises(compiled.NotBuilt, match="no compiled build"):

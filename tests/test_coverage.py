@@ -161,7 +161,7 @@ def test_tree_kv_goes_back_as_upstream_frees_it_in_each_era(era, call):
     """0.5.23 frees an evicted leaf and an insert's duplicates with `free_segment`
     (`FreeDeviceKV`); 0.5.15 with `free`."""
     import torch
-    from impl.scheduler import Scheduler
+    from kvcheck.impl.scheduler import Scheduler
     s = Scheduler(page_size=2, num_pages=8, num_rows=2, era=era, device="cpu")
     alloc, calls = s.token_to_kv_pool_allocator, []
     for name in ("free", "free_segment"):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from kvcheck import cli, clidoc
-from spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS
+from kvcheck.spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS
 
 ROOT = Path(__file__).resolve().parents[1]
 

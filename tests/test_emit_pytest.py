@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import cli
 
 ROOT = Path(__file__).resolve().parents[1]

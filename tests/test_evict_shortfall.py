@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from adapters.impl import ImplBackend
+from kvcheck.adapters.impl import ImplBackend
 from kvcheck.backends import config_kw, release_config, release_refusal
 from kvcheck.checker import run_ops
-from spec import ops as O
-from spec.config import Config
-from spec.model import initial_state, step
-from spec.state import ROOT
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.state import ROOT
 
 OPS = (O.SubmitRequest(rid=1, tokens=(2, 2, 3), max_new_tokens=2, logprob_start_len=None),
        O.Schedule(rid=1, admit=True), O.Finish(rid=1),

@@ -44,7 +44,7 @@ def test_a_copied_backend_is_the_backend_a_fresh_replay_builds(scope, depth):
 
 
 def test_a_planted_fault_is_found_at_its_shortest_and_the_trace_replays(tmp_path, capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted("free_tail_unaligned"):
         rc = cli.main(["explore", "--preset", "tiny", "--backend", "impl", "--quiet",
                        "--out", str(tmp_path)])
@@ -53,7 +53,7 @@ def test_a_planted_fault_is_found_at_its_shortest_and_the_trace_replays(tmp_path
         path = tmp_path / "tiny-C1-impl.json"
         t = load(path)
         assert (t.expect.invariant, t.expect.step, t.expect.backend, len(t.ops)) == ("C1", 4, "impl", 5)
-        from adapters.impl import ImplBackend
+        from kvcheck.adapters.impl import ImplBackend
         again = run_ops(t.config, t.ops, ImplBackend(t.config)).failure
         assert (again.id, again.step) == ("C1", 4)
         assert (tmp_path / "tiny-C1-impl.html").exists()

@@ -10,18 +10,21 @@ from dataclasses import replace
 import pytest
 
 from kvcheck import explore as E
+from kvcheck import explore_cmd as EC
+from kvcheck.errors import ROOT
+from kvcheck.explore import search
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from spec import model as M
-from spec.invariants import check_step
-from spec.pages import row_pages
-from spec.view import abstract
+from kvcheck.spec import model as M
+from kvcheck.spec.invariants import check_step
+from kvcheck.spec.pages import row_pages
+from kvcheck.spec.view import abstract
 
 TINY = E.PRESETS["tiny"][0]
 
 
 # ---------------------------------------------------------------------------
-# planted defects: buggy variants of spec.model functions
+# planted defects: buggy variants of kvcheck.spec.model functions
 # ---------------------------------------------------------------------------
 
 def _free_tail_unaligned(s, slot, req, prefix_len):
@@ -63,7 +66,7 @@ DEFECTS = {
 
 def _args(**kw):
     ap = argparse.ArgumentParser()
-    E.add_arguments(ap)
+    EC.add_arguments(ap)
     argv = []
     for k, v in kw.items():
         flag = "--" + k.replace("_", "-")
@@ -190,7 +193,7 @@ def test_step_prefilter_is_sound(monkeypatch):
     assert {"I10", "I25"} <= fired_ids, fired_ids
     # I16: a locked node that a step removes (a defect that evicts one leaves a dangling
     # anchor that no view can show, so the clause is checked on a hand-made transition)
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     s = M.initial_state(TINY.cfg)
     for op in (O.SubmitRequest(1, (2, 2, 3), 2), O.Schedule(1)):
         s, _ = M.step(s, op)
@@ -203,7 +206,7 @@ def test_step_prefilter_is_sound(monkeypatch):
 
 def test_state_key_is_invariant_under_renaming():
     """Renaming sids/rids/pages/rows of a state leaves its symmetric key unchanged."""
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     cfg = TINY.cfg
     ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (2, 2, 2), 2), O.SubmitRequest(2, (2, 2, 3), 2),
            O.Schedule(1), O.Schedule(2)]
@@ -221,12 +224,12 @@ def test_state_key_is_invariant_under_renaming():
 def test_budget_stops_cleanly_and_cli(tmp_path, capsys, monkeypatch):
     res = E.explore(E.preset_scope("check", "check-overlap"), max_states=500)
     assert res.stopped and res.states == 500 and not res.violations
-    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 0
+    assert EC.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 0
     assert "no violation" in capsys.readouterr().out
-    assert E.main(_args(preset="nope")) == 2
-    assert E.main(_args(preset="tiny", page_size=3)) == 2      # ctx 16 % 3: bad config
+    assert EC.main(_args(preset="nope")) == 2
+    assert EC.main(_args(preset="tiny", page_size=3)) == 2      # ctx 16 % 3: bad config
     monkeypatch.setattr(M, *DEFECTS["abort_req_unconditional"])
-    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 1
+    assert EC.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 1
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
     data = json.loads(files[0].read_text())
@@ -243,7 +246,7 @@ def _snapshot(s) -> str:
 
 @pytest.mark.parametrize("preset", ["tiny", "hybrid", "mamba-tree"])
 def test_a_step_never_mutates_its_argument(preset):
-    """Copy-on-write (spec.state.CowMap): on every state of the preset (depth-bounded),
+    """Copy-on-write (kvcheck.spec.state.CowMap): on every state of the preset (depth-bounded),
     every enabled operation leaves the state it was applied to exactly as it was, and two
     steps from one state do not see each other's effects."""
     sc = replace(E.PRESETS[preset][0], max_depth=6)
@@ -270,7 +273,7 @@ def test_a_step_never_mutates_its_argument(preset):
 def test_clone_copies_every_mutable_field(preset):
     """State.clone copies field for field: every list, dict and CowMap of the clone is its
     own (a field added to State later is covered without naming it here)."""
-    from spec.state import State
+    from kvcheck.spec.state import State
     sc = E.PRESETS[preset][0]
     s = M.initial_state(sc.cfg)
     for op in E.candidate_ops(s, sc)[:1]:
@@ -349,7 +352,7 @@ def test_a_level_is_rebuilt_state_for_state():
         starts.append(starts[-1] + n)
     s0 = M.initial_state(sc.cfg)
     for d in range(len(r.level_sizes)):
-        rebuilt = list(E._level_states(s0, d, starts, parents, via, r.op_table))
+        rebuilt = list(search._level_states(s0, d, starts, parents, via, r.op_table))
         assert [i for i, _, _ in rebuilt] == list(range(starts[d], starts[d + 1]))
         assert [E.state_key(s) for _, s, _ in rebuilt] == [E.state_key(s) for s in states[starts[d]:starts[d + 1]]]
 
@@ -358,11 +361,11 @@ def test_explore_frontier_states_flag(tmp_path, capsys, monkeypatch):
     """`kvcheck explore --frontier-states N` reaches the search: 0 rebuilds every level
     past the first, the default keeps tiny's small levels."""
     rebuilt = []
-    real = E._level_states
-    monkeypatch.setattr(E, "_level_states", lambda s0, d, *a: rebuilt.append(d) or real(s0, d, *a))
-    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 0
+    real = search._level_states
+    monkeypatch.setattr(search, "_level_states", lambda s0, d, *a: rebuilt.append(d) or real(s0, d, *a))
+    assert EC.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 0
     assert rebuilt == []
-    assert E.main(_args(preset="tiny", quiet=True, out=tmp_path, frontier_states=0)) == 0
+    assert EC.main(_args(preset="tiny", quiet=True, out=tmp_path, frontier_states=0)) == 0
     assert rebuilt == list(range(1, TINY.max_depth + 1))
     out = capsys.readouterr().out
     assert "no violation" in out
@@ -372,16 +375,16 @@ def test_explore_frontier_states_flag(tmp_path, capsys, monkeypatch):
 def test_the_progress_line_says_the_peak_memory(capsys):
     """A long run's progress line names the process's peak RSS in MiB."""
     res = E.explore(TINY, max_states=50)
-    E._progress(res, 3, 7, 1.5)
+    EC._progress(res, 3, 7, 1.5)
     line = capsys.readouterr().err
     assert line.startswith("[explore tiny] depth 4: 50 states (33/s), ")
     mib = float(line.split("peak RSS ")[1].split(" MiB")[0].replace(",", ""))
-    assert 20 < mib < 100_000 and abs(mib - E.peak_rss() / (1 << 20)) < 64
+    assert 20 < mib < 100_000 and abs(mib - EC.peak_rss() / (1 << 20)) < 64
 
 
 PEAK = """
 import sys
-from kvcheck.explore import peak_rss
+from kvcheck.explore_cmd import peak_rss
 a = peak_rss()
 b = bytearray(200 << 20)            # touched: 200 MiB resident
 print(a >> 20, peak_rss() >> 20)
@@ -396,7 +399,7 @@ def test_peak_rss_is_this_programs_own_and_in_bytes():
     import sys
     ballast = bytearray(300 << 20)      # this process: over 300 MiB resident
     p = subprocess.run([sys.executable, "-c", PEAK], capture_output=True, text=True,
-                       cwd=E.PROJECT, timeout=120)
+                       cwd=ROOT, timeout=120)
     del ballast
     assert p.returncode == 0, p.stderr
     before, after = map(int, p.stdout.split())

@@ -1,4 +1,4 @@
-"""kvcheck/fast_invariants.py against the reference (spec/invariants.py on spec.view.abstract):
+"""kvcheck/fast_invariants.py against the reference (spec/invariants.py on kvcheck.spec.view.abstract):
 the same verdict on every state of a preset, and on states corrupted one field at a time
 (each corruption breaks some invariant on some state, so a fast path that stops looking
 at that field disagrees). KVCHECK_FULL_PRESETS=1 walks whole scopes (check-overlap:
@@ -12,9 +12,9 @@ import pytest
 
 from kvcheck import explore as E
 from kvcheck import fast_invariants as F
-from spec import model as M
-from spec.invariants import STATE_INVARIANTS, check_state
-from spec.view import abstract
+from kvcheck.spec import model as M
+from kvcheck.spec.invariants import STATE_INVARIANTS, check_state
+from kvcheck.spec.view import abstract
 
 FULL = bool(os.environ.get("KVCHECK_FULL_PRESETS"))
 

@@ -10,10 +10,10 @@ import pytest
 
 from kvcheck.checker import run_ops
 from kvcheck.trace import Trace, load
-from spec import ops as O
-from spec.config import Config, ConfigError
-from spec.model import enabled, initial_state, step
-from spec.view import abstract
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.model import enabled, initial_state, step
+from kvcheck.spec.view import abstract
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ def test_pre_abort_of_a_retracted_turn_keeps_its_arrays():
 
 
 def test_impl_pre_abort_matches_the_spec():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     cfg = Config(num_pages=32)
     ops = TURN1 + [O.SubmitTurn(1, 2, (21, 22), 3), O.PreAbort(2), O.Schedule(2)]
     assert run_ops(cfg, ops, ImplBackend(cfg)).ok
@@ -177,7 +177,7 @@ def test_checker_lets_through_what_the_spec_shows_itself():
 
 
 def test_known_trigger_skips_only_without_accept():
-    from adapters.sglang.findings import known_trigger
+    from kvcheck.adapters.sglang.findings import known_trigger
     s, _ = run(Config(num_pages=32), TURN1 + [O.SubmitTurn(1, 2, (21, 22), 3)])
     busy = O.SubmitTurn(1, 3, (31,), 2)
     assert known_trigger("0.5.15")(s, busy) == "U1"
@@ -200,7 +200,7 @@ def test_a_node_a_walk_creates_is_newer_than_the_walk():
     s, _ = run(tr.config, tr.ops[:-1])
     by_path = {}
     for n in s.nodes.values():
-        from spec.model import node_path
+        from kvcheck.spec.model import node_path
         by_path[node_path(s, n.id)] = n
     leaf, lower = by_path[(3, 3, 1)], by_path[(3, 3, 2, 4, 4, 3, 4, 4, 1)]
     assert leaf.tick > lower.tick
@@ -209,7 +209,7 @@ def test_a_node_a_walk_creates_is_newer_than_the_walk():
 
 
 def test_impl_evicts_in_the_same_order():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     tr = load(ROOT / "stateful_tests/upstream/close-then-evict-sglang-0.5.15.json")
     assert run_ops(tr.config, tr.ops, ImplBackend(tr.config)).ok
 
@@ -217,7 +217,7 @@ def test_impl_evicts_in_the_same_order():
 # -- conformance: shapes upstream cannot produce are refused ----------------------------
 
 def test_conformance_refuses_a_fresh_pre_abort_with_a_full_prompt():
-    from adapters.sglang.conformance import shape_errors
+    from kvcheck.adapters.sglang.conformance import shape_errors
     ops = TURN1 + [O.SubmitTurn(1, 2, (21, 22), 3), O.PreAbort(2)]
     tr = Trace(Config(num_pages=32), ops)
     assert shape_errors(tr) == []
@@ -229,7 +229,7 @@ def test_conformance_refuses_a_fresh_pre_abort_with_a_full_prompt():
 
 
 def test_conformance_refuses_an_operation_the_scheduler_cannot_issue():
-    from adapters.sglang.conformance import shape_errors
+    from kvcheck.adapters.sglang.conformance import shape_errors
     tr = Trace(Config(), [O.SubmitRequest(1, (1, 2), 2), O.Schedule(1), O.PreAbort(1)])
     errs = shape_errors(tr)
     assert errs and "step 2" in errs[0]

@@ -12,12 +12,12 @@ from kvcheck.engines.gen import Stats
 from kvcheck.checker import run_ops
 from kvcheck.engines.walk import walk
 from kvcheck.trace import load
-from spec import ops as O
-from spec.config import Config
-from spec.invariants import check_state
-from spec.model import carried_fill, refreshed_fill, step
-from spec.state import initial_state
-from spec.view import abstract
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.invariants import check_state
+from kvcheck.spec.model import carried_fill, refreshed_fill, step
+from kvcheck.spec.state import initial_state
+from kvcheck.spec.view import abstract
 
 UP = Path(__file__).resolve().parents[1] / "stateful_tests" / "upstream"
 

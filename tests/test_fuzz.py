@@ -16,7 +16,7 @@ import pytest
 from kvcheck.fuzz import Interrupts, fuzz, root_cause
 from kvcheck.shrink import shrink
 from kvcheck.trace import load
-from spec import ops as O
+from kvcheck.spec import ops as O
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULT = "free_no_page_dedup"
@@ -25,7 +25,7 @@ FAULT = "free_no_page_dedup"
 # shrink replay slowed down so that an interrupt lands inside the shrink).
 RUNNER = """
 import sys, time
-from impl import faults
+from kvcheck.impl import faults
 if {fault!r}:
     faults.ACTIVE.add({fault!r})
 if {slow!r}:
@@ -62,7 +62,7 @@ def test_same_seed_and_rounds_give_byte_identical_failure_files(tmp_path):
 
 
 def test_first_report_names_the_unshrunk_trace_before_shrinking(tmp_path, capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted(FAULT):
         rep = fuzz(None, 5, out_dir=tmp_path, rounds=12, stop_on_first=True)
     err = capsys.readouterr().err
@@ -75,7 +75,7 @@ def test_first_report_names_the_unshrunk_trace_before_shrinking(tmp_path, capsys
 
 
 def test_every_written_trace_gets_its_html_report_beside_it(tmp_path, capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted(FAULT):
         rep = fuzz(None, 5, out_dir=tmp_path, rounds=12, stop_on_first=True)
     f = rep.found[0]
@@ -108,7 +108,7 @@ def test_shrink_budget_is_counted_in_replays():
 
 def test_root_cause_names_id_side_operation_and_owner_kind():
     from kvcheck.checker import Failure
-    from spec.violations import Violation
+    from kvcheck.spec.violations import Violation
     v = Violation("I2", "page exclusivity", "page 3 twice", "req 12", 3)
     a = Failure(4, O.Finish(12), "I2", "impl", [v])
     b = Failure(9, O.Finish(30), "I2", "impl", [Violation("I2", "x", "y", "req 30", 5)])
@@ -224,7 +224,7 @@ def test_unwritable_out_is_a_usage_error_before_any_work(tmp_path, bad):
 
 
 def test_hypothesis_engine_finds_and_kvcheck_shrinks(tmp_path, capsys):
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted(FAULT):
         rep = fuzz(None, 5, out_dir=tmp_path, rounds=60, engine="hypothesis", stop_on_first=True)
     assert rep.found and rep.engine == "hypothesis", rep.render()

@@ -15,12 +15,12 @@ from kvcheck.engines.guided import (MUTATIONS, Entry, Guided, change_argument, c
                                     derive, effect_features, pick, plan_traits, shape,
                                     step_features)
 from kvcheck.engines.walk import draw_plan, plan_rng, walk
-from spec.model import step
-from spec.state import initial_state
-from spec import ops as O
-from spec.config import Config
-from spec.ops import cross_field_error
-from spec.fields import field_error
+from kvcheck.spec.model import step
+from kvcheck.spec.state import initial_state
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.ops import cross_field_error
+from kvcheck.spec.fields import field_error
 
 
 def test_guided_is_an_engine():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import cli
 from kvcheck.html_report import report_data, write_html_report
 from kvcheck.replay import run_replay
@@ -137,7 +137,7 @@ def test_chromium_renders_the_flagged_cell_where_the_invariant_points(tmp_path, 
 def test_explore_writes_the_report_beside_each_counterexample(tmp_path, monkeypatch, capsys):
     """A spec defect (H3 unfixed: abort_req clears _inflight whoever asks) found by the
     explorer: its trace gets TRACE.html beside it, replayed on the spec."""
-    from spec import model as M
+    from kvcheck.spec import model as M
 
     def abort_req_unconditional(s, sid, req):
         sess = s.sessions.get(sid)

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from spec import hybrid as H
-from spec import ops as O
-from spec.config import Config, ConfigError
-from spec.invariants import check_state
-from spec.model import initial_state, step
-from spec.view import abstract
+from kvcheck.spec import hybrid as H
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.invariants import check_state
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
 
 SWA_P1 = Config(page_size=1, num_pages=40, num_rows=3, swa_window=3)
 HYB = Config(page_size=2, num_pages=30, num_rows=3, swa_window=2, swa_num_pages=24,
@@ -116,7 +116,7 @@ def test_impl_matches_a_tombstoned_path_as_the_spec_does():
     """The sequence above in lockstep on impl/: `SWARadixCache.match_prefix`'s re-match and
     `_swa_usable_len`'s tombstone arcs, which no generated sequence reaches
     (docs/coverage.md, impl/swa.py:232->233, :241->242, :242->243, :242->244)."""
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     # a tight SWA pool: request 2's re-matched extend (5 tokens, not 1) must evict, so a
     # match that kept the tombstones would show in the state (full pages on the wide pool
@@ -132,7 +132,7 @@ def test_impl_evicts_past_a_tombstoned_leaf_until_the_swa_pool_has_the_tokens():
     sequence reaches: docs/coverage.md): evict(13) takes the least recent leaves, request
     1's path (14 tokens, 3 of them tombstones: 11 SWA), which leaves the SWA pool at 12 of
     13, so it evicts request 2's leaf too. Spec and impl in lockstep."""
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     cfg = replace(TOMBSTONE_CFG, swa_num_pages=20)
     ops = TOMBSTONE_DECODED + [O.Finish(1), O.SubmitRequest(2, tuple(range(20, 28)), 1),
@@ -154,7 +154,7 @@ def run_from(s, ops):
 def test_admission_counts_only_the_swa_kv_the_tree_can_give_back():
     """Tombstone pages give no SWA KV back: the SWA budget is the free SWA pool plus the SWA
     pages of unlocked nodes; eviction runs until the SWA pool has the tokens too."""
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     cfg = Config(page_size=1, num_pages=30, num_rows=3, swa_window=1, swa_num_pages=14)
     ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] + \
@@ -181,7 +181,7 @@ def test_swa_pool_shortage_refuses_admission():
 
 @pytest.mark.parametrize("i", [0, 1, 2])
 def test_window_lemmas_are_proved_and_their_controls_refuted(i):
-    from proofs.lemmas import LEMMAS, run_lemma
+    from kvcheck.proofs.lemmas import LEMMAS, run_lemma
     window = [lem for lem in LEMMAS if lem.name.startswith("SWA window")]
     assert len(window) == 3
     results = run_lemma(window[i])
@@ -190,10 +190,10 @@ def test_window_lemmas_are_proved_and_their_controls_refuted(i):
 
 
 def test_the_window_lemma_is_about_the_real_function():
-    """The z3 term evaluates to what spec.hybrid.swa_evict_target returns."""
+    """The z3 term evaluates to what kvcheck.spec.hybrid.swa_evict_target returns."""
     import z3
-    from proofs.hybrid_lemmas import HYB
-    from proofs.lemmas import S
+    from kvcheck.proofs.hybrid_lemmas import HYB
+    from kvcheck.proofs.lemmas import S
     e, pre, w, p = z3.Ints("e pre w p")
     term = S(HYB, "swa_evict_target", e, pre, w, p)
     for args in [(0, 7, 3, 1), (0, 13, 1, 4), (3, 9, 2, 2), (8, 9, 3, 4), (2, 6, 5, 4)]:
@@ -364,7 +364,7 @@ def test_mamba_ping_pong_empty_names_the_sentinel_entries():
 
 
 def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     swa = 0
@@ -445,7 +445,7 @@ def test_hybrid_invariants_are_silent_when_hybrid_is_off():
 # -- spec vs impl ----------------------------------------------------------------------------
 
 def test_spec_and_impl_agree_on_drawn_hybrid_configs():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     stats, hybrid = Stats(), 0
@@ -466,12 +466,12 @@ def test_wire_roundtrip_keeps_hybrid_fields():
     """The sglang proxy's JSON pipe carries the hybrid fields (a dropped one reads as a
     divergence on every step)."""
     import json
-    from adapters.sglang.wire import state_from_json, state_to_json
+    from kvcheck.adapters.sglang.wire import state_from_json, state_to_json
     assert state_from_json(json.loads(json.dumps(state_to_json(BASE)))) == BASE
 
 
 def test_sglang_adapter_refuses_what_it_does_not_drive():
-    from adapters.sglang.hybrid import refusal
+    from kvcheck.adapters.sglang.hybrid import refusal
     assert refusal(SWA_P1, "borrow") is None        # 0.5.23: adapters/sglang/swa_unified.py
     assert "config.prefill_aware_swa" in refusal(replace(SWA_P1, era="borrow", prefill_aware_swa=True),
                                                  "borrow")

@@ -2,13 +2,13 @@
 hand-written traces (P = 1 and 4, both eras, overlap and spec)."""
 import pytest
 
-from adapters.impl import ImplBackend
+from kvcheck.adapters.impl import ImplBackend
 from kvcheck.checker import run_ops
-from spec import ops as O
-from spec.abstract import canonical
-from spec.config import Config
-from spec.model import initial_state, step
-from spec.view import abstract
+from kvcheck.spec import ops as O
+from kvcheck.spec.abstract import canonical
+from kvcheck.spec.config import Config
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
 
 T1 = tuple(range(10, 20))
 

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from impl.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, make_allocator
-from impl.device import resolve_device
-from impl.memory_pool import ReqToTokenPool
+from kvcheck.impl.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, make_allocator
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.memory_pool import ReqToTokenPool
 
 DEV = resolve_device()
 

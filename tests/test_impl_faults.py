@@ -2,9 +2,9 @@
 (spec vs ImplBackend) on a small scenario that passes without it."""
 import pytest
 
-from impl import faults
-from spec import ops as O
-from spec.config import Config
+from kvcheck.impl import faults
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 P4 = Config(page_size=4, num_pages=16, num_rows=3, max_context_len=64)
 P4_SPEC = Config(page_size=4, num_pages=16, num_rows=3, max_context_len=64, spec_enabled=True)
@@ -46,7 +46,7 @@ SCENARIOS = {
 
 
 def _run(cfg, ops):
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     return run_ops(cfg, ops, ImplBackend(cfg))
 

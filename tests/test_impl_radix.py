@@ -1,10 +1,10 @@
 """impl/ RadixCache: page-aligned keys, split copies lock_ref, lock accounting, LRU order."""
 import torch
 
-from impl.allocator import make_allocator
-from impl.device import resolve_device
-from impl.memory_pool import ReqToTokenPool
-from impl.radix_cache import RadixCache
+from kvcheck.impl.allocator import make_allocator
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.memory_pool import ReqToTokenPool
+from kvcheck.impl.radix_cache import RadixCache
 
 DEV = resolve_device()
 

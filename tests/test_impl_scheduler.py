@@ -4,9 +4,9 @@ OOM, leak checks and concrete checks."""
 import pytest
 import torch
 
-from impl import checks
-from impl.device import resolve_device
-from impl.scheduler import Scheduler
+from kvcheck.impl import checks
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.scheduler import Scheduler
 
 DEV = resolve_device()
 

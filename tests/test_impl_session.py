@@ -1,10 +1,10 @@
 """impl/ StreamingSession: DOMAIN.md 2.8, 2.9, 2.10 examples with exact numbers."""
 import torch
 
-from impl.device import resolve_device
-from impl.scheduler import Scheduler
-from impl.schedule_batch import FINISH_ABORT, Req
-from impl.streaming_session import SessionSlot, _VirtualNode
+from kvcheck.impl.device import resolve_device
+from kvcheck.impl.scheduler import Scheduler
+from kvcheck.impl.schedule_batch import FINISH_ABORT, Req
+from kvcheck.impl.streaming_session import SessionSlot, _VirtualNode
 
 DEV = resolve_device()
 

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-from spec import ops as O
-from spec.config import Config
-from spec.invariants import INVARIANT_IDS, STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
-from spec.model import initial_state, step
-from spec.view import abstract
-from stateful_tests import scenarios as S
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.invariants import INVARIANT_IDS, STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
+from kvcheck.stateful_tests import scenarios as S
 
 
 def state_after(sc, n):

@@ -8,7 +8,7 @@ from pathlib import Path
 import itf_py
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import cli
 from kvcheck.itf import itf_trace, value
 from kvcheck.replay import run_replay

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from adapters.impl import ImplBackend
+from kvcheck.adapters.impl import ImplBackend
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from spec import ops as O
-from spec.model import initial_state, node_path, step
+from kvcheck.spec import ops as O
+from kvcheck.spec.model import initial_state, node_path, step
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "stateful_tests/upstream/logprob-start-caps-match-sglang-0.5.15.json"
@@ -33,7 +33,7 @@ def test_a_logprob_start_caps_the_match():
 
 
 def test_the_default_start_caps_a_retried_request_at_its_prompt():
-    from spec.model import _key_limit
+    from kvcheck.spec.model import _key_limit
     tr = load(TRACE)
     s = initial_state(tr.config)
     for op in tr.ops[:10]:                                  # ... retract(3)
@@ -50,7 +50,7 @@ def test_impl_caps_as_the_spec_does(name):
 
 
 def test_impl_without_the_cap_diverges(monkeypatch):
-    from impl.schedule_batch import Req
+    from kvcheck.impl.schedule_batch import Req
     tr = load(TRACE)
     monkeypatch.setattr(Req, "max_prefix_len", lambda self: len(self.fill_ids) - 1)
     res = run_ops(tr.config, tr.ops, ImplBackend(tr.config))

@@ -9,9 +9,9 @@ import pytest
 
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from spec.abstract import NodeView, with_lru_ranks
-from spec.model import initial_state, step
-from spec.view import abstract
+from kvcheck.spec.abstract import NodeView, with_lru_ranks
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 SPLIT = ROOT / "stateful_tests/upstream/insert-split-lru-order-sglang-0.5.23.json"
@@ -39,8 +39,8 @@ def test_a_stale_tick_diverges_at_the_step_that_makes_it(monkeypatch):
     """impl/ with the rule the borrow-era spec had (a created node keeps the walk's tick):
     the new leaf ties with the lower half; the checker reports the rank at the insert
     (step 7, finish), not the eviction at step 8."""
-    from adapters.impl import ImplBackend
-    from impl.radix_cache import RadixCache
+    from kvcheck.adapters.impl import ImplBackend
+    from kvcheck.impl.radix_cache import RadixCache
     tr = load(SPLIT)
     assert run_ops(tr.config, tr.ops, ImplBackend(tr.config)).ok
     monkeypatch.setattr(RadixCache, "_creation_tick", lambda self: self.tick)

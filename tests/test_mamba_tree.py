@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from spec import ops as O
-from spec.config import Config, ConfigError
-from spec.invariants import check_state
-from spec.model import initial_state, refusal, step
-from spec.view import abstract
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.invariants import check_state
+from kvcheck.spec.model import initial_state, refusal, step
+from kvcheck.spec.view import abstract
 
 MT = Config(page_size=1, num_pages=24, num_rows=3, max_context_len=32, era="borrow",
             mamba_slots=5, mamba_tree=True)
@@ -173,7 +173,7 @@ def test_cow_guard_refuses_a_schedule_that_could_assert():
 @pytest.mark.parametrize("era", ["borrow", "wrapper"])
 def test_spec_and_impl_agree_on_drawn_mamba_tree_configs(era):
     """0.5.23's component (borrow) and 0.5.15's MambaRadixCache (wrapper)."""
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     stats = Stats()
@@ -185,7 +185,7 @@ def test_spec_and_impl_agree_on_drawn_mamba_tree_configs(era):
 
 
 def test_impl_keeps_states_on_its_nodes_like_the_spec():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     res = run_ops(MT, base_ops(), ImplBackend(MT))
     assert res.ok, res.failure.render()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvcheck.mutation import Score, equivalent_mutants, sample, to_run, wilson_interval
 
-NAMES = [f"impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
+NAMES = [f"kvcheck.impl.common.x_f__mutmut_{i}" for i in range(1, 50)]
 
 
 def test_sample_is_fixed_by_seed_and_count():
@@ -27,10 +27,10 @@ def test_score_leaves_out_equivalents_and_unchecked_and_lists_survivors():
 
 def test_equivalents_come_from_their_section_of_docs_coverage(tmp_path):
     doc = tmp_path / "coverage.md"
-    doc.write_text("## Mutation\n\n* `impl.a.x_f__mutmut_1`: a gap\n\n"
-                   "## Equivalent mutants\n\n* `impl.a.xǁCǁg__mutmut_2`, `impl.b.x_h__mutmut_3`: why\n"
-                   "\n## Later\n\n* `impl.c.x_k__mutmut_4`\n")
-    assert equivalent_mutants(doc) == {"impl.a.xǁCǁg__mutmut_2", "impl.b.x_h__mutmut_3"}
+    doc.write_text("## Mutation\n\n* `kvcheck.impl.a.x_f__mutmut_1`: a gap\n\n"
+                   "## Equivalent mutants\n\n* `kvcheck.impl.a.xǁCǁg__mutmut_2`, `kvcheck.impl.b.x_h__mutmut_3`: why\n"
+                   "\n## Later\n\n* `kvcheck.impl.c.x_k__mutmut_4`\n")
+    assert equivalent_mutants(doc) == {"kvcheck.impl.a.xǁCǁg__mutmut_2", "kvcheck.impl.b.x_h__mutmut_3"}
     assert len(equivalent_mutants()) >= 3            # the project's own list parses
 
 

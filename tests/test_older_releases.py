@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from adapters.sglang.findings import RELEASES
-from adapters.sglang.hybrid import release_tuple
+from kvcheck.adapters.sglang.findings import RELEASES
+from kvcheck.adapters.sglang.hybrid import release_tuple
 from kvcheck import explore as E
 from kvcheck.backends import config_kw, release_era, release_refusal
 from kvcheck.check import differential_preset
 from kvcheck.engines.gen import RandomDrawer, draw_config
-from spec.config import Config
+from kvcheck.spec.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM = ROOT / "stateful_tests" / "upstream"
@@ -170,7 +170,7 @@ def _venv(version):
 
 def _shows_as_recorded(version, name, invariant, step):
     """The release's corpus trace `name` fails as it records (invariant, step)."""
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     from kvcheck.checker import run_ops
     from kvcheck.trace import load
     t = load(UPSTREAM / f"{name}-sglang-{version}.json")
@@ -184,14 +184,14 @@ def _shows_as_recorded(version, name, invariant, step):
 
 @_venv("0.5.14")
 def test_the_release_shows_u3_and_refuses_swa():
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     _shows_as_recorded("0.5.14", "h5", "I20", 2)
     with pytest.raises(Exception, match="SWARadixCache"):
         make_backend(replace(SWA, era="wrapper"), "0.5.14")
 
 
 def test_planted_upstream_faults_apply_to_their_neighbours_code():
-    from adapters.sglang import faults
+    from kvcheck.adapters.sglang import faults
     for v in ("0.5.14", "0.5.16", "0.5.17", "0.5.18"):
         assert faults.applicable(v) == faults.applicable("0.5.15"), v
     assert faults.applicable("0.5.22") == faults.applicable("0.5.23")
@@ -208,7 +208,7 @@ def test_planted_upstream_faults_apply_to_their_neighbours_code():
 
 @_venv("0.5.16")
 def test_0_5_16_shows_m2_on_a_mamba_pool_and_refuses_the_mamba_tree():
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     t = _shows_as_recorded("0.5.16", "m2-queued-restored-abort", "I28", 6)
     with pytest.raises(Exception, match="UnifiedRadixCache"):
         make_backend(replace(t.config, mamba_tree=True), "0.5.16")
@@ -219,7 +219,7 @@ def test_0_5_22_keeps_max_window_page_and_refuses_other_windows():
     """borrow_swa_window_slides (window 5 on 2-token pages): 0.5.22 keeps 5 SWA tokens
     behind pre_len where the spec (0.5.23) keeps 6, D1 at step 8 when run past the
     refusal; the refusal names both."""
-    from adapters.sglang.proxy import SglangProxy, make_backend
+    from kvcheck.adapters.sglang.proxy import SglangProxy, make_backend
     from kvcheck.checker import run_ops
     from kvcheck.trace import load
     t = load(ROOT / "stateful_tests" / "regressions" / "borrow_swa_window_slides.json")

@@ -8,29 +8,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from proofs.cache import ProofCache, cached_unit, function_sources
-from proofs.core import Result
+from kvcheck.proofs.cache import ProofCache, cached_unit, function_sources
+from kvcheck.proofs.core import Result
 
 ROOT = Path(__file__).resolve().parent.parent
 LEMMA = "ceil_align: bounds"
 
 
 def _tree(tmp: Path) -> Path:
-    """A copy of the sources the proofs read, so that the test can edit them."""
-    root = tmp / "tree"
-    (root / "spec").mkdir(parents=True)
-    for f in ("__init__.py", "pages.py"):
-        shutil.copy(ROOT / "spec" / f, root / "spec" / f)
-    shutil.copytree(ROOT / "proofs", root / "proofs",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    """A copy of the sources the proofs read, so that the test can edit them: a kvcheck
+    package holding spec/ and proofs/ (as installed), imported instead of the checkout's."""
+    root = tmp / "tree" / "kvcheck"
+    root.mkdir(parents=True)
+    shutil.copy(ROOT / "kvcheck" / "__init__.py", root / "__init__.py")
+    for sub in ("spec", "proofs"):
+        shutil.copytree(ROOT / sub, root / sub, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
 def _prove(root: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(root))
-    return subprocess.run([sys.executable, "-m", "proofs", "--no-crosshair", "--only", LEMMA,
-                           "--out", str(root / "out")],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=str(root.parent))
+    return subprocess.run([sys.executable, "-m", "kvcheck.proofs", "--no-crosshair", "--only",
+                           LEMMA, "--out", str(root / "out")],
+                          cwd=root.parent, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _edit(path: Path, old: str, new: str) -> None:

@@ -8,11 +8,11 @@ import random
 import pytest
 import z3
 
-import spec.pages as pages
-from proofs import Result, ok, report
-from proofs import induction as I
-from proofs import lemmas as L
-from proofs.symexec import REAL, SymRange, mutate, symbolic
+import kvcheck.spec.pages as pages
+from kvcheck.proofs import Result, ok, report
+from kvcheck.proofs import induction as I
+from kvcheck.proofs import lemmas as L
+from kvcheck.proofs.symexec import REAL, SymRange, mutate, symbolic
 
 # ---------------------------------------------------------------------------
 # the symbolic terms evaluate to what the Python functions return
@@ -151,7 +151,7 @@ def test_report_and_ok():
 def test_a_control_left_unknown_runs_again_with_larger_budgets(monkeypatch):
     """Negative controls (lemmas and induction) get one retry at CONTROL_RETRY times every
     budget when z3 answers unknown; a proof never does."""
-    import proofs.core as C
+    import kvcheck.proofs.core as C
     calls = []
 
     def fake(hyps, goal, **kw):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spec.pages import (ceil_align, floor_align, free_kv_aligned_pages, owned_tokens,
+from kvcheck.spec.pages import (ceil_align, floor_align, free_kv_aligned_pages, owned_tokens,
                         pages_needed_extend, row_pages)
 
 settings.register_profile(

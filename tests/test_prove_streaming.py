@@ -1,9 +1,9 @@
 """`prove` (and check's proofs part) prints each result as it completes, verbose or not."""
 from __future__ import annotations
 
-import proofs
-from proofs import induction, lemmas
-from proofs.core import Result
+from kvcheck import proofs
+from kvcheck.proofs import induction, lemmas
+from kvcheck.proofs.core import Result
 
 
 def test_results_stream_one_line_each_before_the_run_ends(monkeypatch, capsys):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck import cli
 from kvcheck.render import fmt_ids, grid_lines, owner_grid, state_marks
 from kvcheck.replay import run_replay, step_labels
 from kvcheck.trace import load
-from spec.abstract import canonical, diff, segments
+from kvcheck.spec.abstract import canonical, diff, segments
 
 ROOT = Path(__file__).resolve().parents[1]
 REG = ROOT / "stateful_tests" / "regressions"
@@ -40,7 +40,7 @@ def test_long_tuples_show_the_differing_segment_not_a_shared_prefix():
     assert sa == "(…40 same…, 50, …29 same…, 79)" or "50" in sa
     assert "99" in sb and "7" in sb and "…40 same…" in sb
     # the checker's D1 message (diff on canonical states) shows it too
-    from spec.abstract import AbstractState
+    from kvcheck.spec.abstract import AbstractState
     s = AbstractState(1, 1, 1, (), (), (), (), (), (), 0, 0)
     lines = diff(replace(s, free_rows=a), replace(s, free_rows=b), "spec", "impl")
     assert len(lines) == 1 and "99" in lines[0] and "…40 same…" in lines[0]

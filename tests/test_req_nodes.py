@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from kvcheck.trace import load
-from spec.model import initial_state, step
-from spec.view import abstract
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import pytest
 
 from kvcheck import explore as X
-from spec import ops as O
-from spec.config import Config
-from spec.model import ModelError, enabled, refusal, retraction_order, step
-from spec.state import initial_state
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.model import ModelError, enabled, refusal, retraction_order, step
+from kvcheck.spec.state import initial_state
 
 ROOT = Path(__file__).resolve().parent.parent
 BORROW = Config(page_size=2, num_pages=8, num_rows=3, max_context_len=32, era="borrow")

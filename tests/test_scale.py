@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck.engines.campaign import Campaign, run_chunk
 from kvcheck.fuzz import fuzz, root_cause
 from kvcheck.replay import replay_trace

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from impl import faults
+from kvcheck.impl import faults
 from kvcheck.check import load_corpus, planted_verdict
 from kvcheck.errors import REGRESSIONS, UsageError
 from kvcheck.trace import load

@@ -18,11 +18,11 @@ need_515 = pytest.mark.skipif(not PY515.exists(), reason="no .venv-sglang-0.5.15
 
 
 def test_wire_roundtrip():
-    from adapters.sglang.wire import state_from_json, state_to_json
-    from spec.config import Config
-    from spec.model import initial_state, step
-    from spec import ops as O
-    from spec.view import abstract
+    from kvcheck.adapters.sglang.wire import state_from_json, state_to_json
+    from kvcheck.spec.config import Config
+    from kvcheck.spec.model import initial_state, step
+    from kvcheck.spec import ops as O
+    from kvcheck.spec.view import abstract
     s = initial_state(Config(page_size=4))
     for op in (O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3, 4, 5), 2), O.Schedule(1)):
         s, _ = step(s, op)
@@ -31,7 +31,7 @@ def test_wire_roundtrip():
 
 
 def test_unknown_version_refused():
-    from adapters.sglang.proxy import SglangUnavailable, resolve_python
+    from kvcheck.adapters.sglang.proxy import SglangUnavailable, resolve_python
     with pytest.raises(SglangUnavailable, match="make_env.sh 9.9.9"):
         resolve_python("9.9.9")
 
@@ -43,7 +43,7 @@ PY523 = ROOT / ".venv-sglang-0.5.23" / "bin" / "python"
 @pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "stateful_tests/upstream/*-sglang-0.5.23.json"))),
                          ids=lambda p: Path(p).stem)
 def test_upstream_trace_0523(path):
-    from adapters.sglang.conformance import check_trace
+    from kvcheck.adapters.sglang.conformance import check_trace
     ok, line = check_trace(path, "0.5.23")
     assert ok, line
 
@@ -52,7 +52,7 @@ def test_upstream_trace_0523(path):
 @pytest.mark.parametrize("path", sorted(glob.glob(str(ROOT / "stateful_tests/upstream/*-sglang-0.5.15.json"))),
                          ids=lambda p: Path(p).stem)
 def test_upstream_trace_0515(path):
-    from adapters.sglang.conformance import check_trace
+    from kvcheck.adapters.sglang.conformance import check_trace
     ok, line = check_trace(path, "0.5.15")
     assert ok, line
 
@@ -61,7 +61,7 @@ def test_upstream_trace_0515(path):
 def test_run_trace_entry_point(tmp_path):
     trace = ROOT / "stateful_tests/upstream/two-turns-p1-sglang-0.5.15.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    p = subprocess.run([str(PY515), "-m", "adapters.sglang.run_trace", str(trace)],
+    p = subprocess.run([str(PY515), "-m", "kvcheck.adapters.sglang.run_trace", str(trace)],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     out = json.loads(p.stdout)
@@ -73,8 +73,8 @@ def test_run_trace_entry_point(tmp_path):
 
 @need_515
 def test_era_mismatch_refused():
-    from adapters.sglang.proxy import SglangProxy, SglangUnavailable
-    from spec.config import Config
+    from kvcheck.adapters.sglang.proxy import SglangProxy, SglangUnavailable
+    from kvcheck.spec.config import Config
     with pytest.raises(SglangUnavailable, match="era"):
         SglangProxy(Config(era="borrow"), version="0.5.15")
 
@@ -89,9 +89,9 @@ def _releases():
 
 @pytest.mark.parametrize("version", _releases())
 def test_pre_abort_of_a_fresh_turn_is_upstreams_set_finish_with_abort(version):
-    from adapters.sglang.proxy import make_backend
-    from spec import ops as O
-    from spec.config import Config
+    from kvcheck.adapters.sglang.proxy import make_backend
+    from kvcheck.spec import ops as O
+    from kvcheck.spec.config import Config
     cfg = Config(num_pages=32, era="wrapper" if version == "0.5.15" else "borrow")
     b = make_backend(cfg, version)
     for op in (O.OpenSession(1), O.SubmitTurn(1, 1, (11, 12, 13), 2), O.Schedule(1),
@@ -105,7 +105,7 @@ def test_pre_abort_of_a_fresh_turn_is_upstreams_set_finish_with_abort(version):
 @pytest.mark.skipif(not PY523.exists(), reason="no .venv-sglang-0.5.23")
 def test_u6_is_accepted_once_recorded():
     import dataclasses
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     from kvcheck.checker import run_ops
     from kvcheck.trace import load
     tr = load(ROOT / "stateful_tests/upstream/u6-queued-stub-sglang-0.5.23.json")
@@ -116,7 +116,7 @@ def test_u6_is_accepted_once_recorded():
 
 @need_515
 def test_conformance_runs_the_release_past_the_first_failure(capsys):
-    from adapters.sglang.conformance import main
+    from kvcheck.adapters.sglang.conformance import main
     assert main(["--version", "0.5.15", "--past-failure",
                  str(ROOT / "stateful_tests/upstream/h3-sglang-0.5.15.json")]) == 0
     out = capsys.readouterr().out
@@ -130,8 +130,8 @@ def test_real_swa_allocator_runs_on_the_cpu(version):
     needs no CUDA and no stand-in (adapters/sglang/hybrid.py `swa_probe`, run by the
     served release): 3 full pages each mapped to an SWA page; the window's free_swa
     returns one SWA page and no full one; free returns the rest."""
-    from adapters.sglang.proxy import swa_probe, venv_python
-    from spec.config import Config
+    from kvcheck.adapters.sglang.proxy import swa_probe, venv_python
+    from kvcheck.spec.config import Config
     if not venv_python(version).exists():
         pytest.skip(f"no .venv-sglang-{version}")
     r = swa_probe(Config(page_size=2, num_pages=8, swa_window=3, swa_num_pages=4), version)
@@ -144,13 +144,13 @@ def test_real_swa_allocator_runs_on_the_cpu(version):
 def test_o2_runs_in_lockstep_through_the_stale_fill_to_the_double_insert(capsys):
     """O2: the adapter's shadow KV of an extend is `req.get_fill_ids()` (what
     prepare_for_extend feeds the forward) and the spec models the fill array
-    (`spec.model.refresh_fill`, `_carry_fill`), so turn 14's stale full_untruncated_fill_ids
+    (`kvcheck.spec.model.refresh_fill`, `_carry_fill`), so turn 14's stale full_untruncated_fill_ids
     shows on its row on both sides (I26 on req 14 at step 25, accepted under U1/U2) and
     the run agrees to there; at finish(14) (cache_finished_req keys by origin + output)
     the spec itself puts the same page under a second node, I2 as on the release, and
     stops comparing (beyond the accepted findings' model)."""
-    from adapters.sglang.conformance import main
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.conformance import main
+    from kvcheck.adapters.sglang.proxy import make_backend
     from kvcheck.checker import run_ops
     from kvcheck.trace import load
     path = ROOT / "stateful_tests/upstream/o2-stale-fill-ids-sglang-0.5.15.json"

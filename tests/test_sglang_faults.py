@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from adapters.sglang import faults as F
-from adapters.sglang import proxy
+from kvcheck.adapters.sglang import faults as F
+from kvcheck.adapters.sglang import proxy
 from kvcheck.engines.exhaustive import check_transitions
 from kvcheck.explore import explore, preset_scope
 
@@ -32,7 +32,7 @@ def small(version: str, depth: int, scope: str = "sglang-tiny"):
     clean release's walk of it."""
     if (version, depth, scope) not in _SMALL:
         import os
-        from adapters.sglang.findings import RELEASES
+        from kvcheck.adapters.sglang.findings import RELEASES
         sc = preset_scope(f"check-sglang-{version}", scope)
         sc = replace(sc, max_depth=depth, cfg=replace(sc.cfg, accept=RELEASES[version]))
         res = explore(sc, check=False)       # under --accept the lockstep judges
@@ -80,7 +80,7 @@ def test_unknown_or_inapplicable_fault_names_are_refused_naming_the_known_ones()
 
 @need("0.5.15")
 def test_the_served_backend_refuses_to_start_with_an_unknown_fault(monkeypatch):
-    from spec.config import Config
+    from kvcheck.spec.config import Config
     monkeypatch.setenv(F.ENV, "no_such_fault")
     with pytest.raises(proxy.SglangUnavailable, match="unknown planted fault 'no_such_fault'.*"
                                                       "free_no_page_dedup"):
@@ -89,7 +89,7 @@ def test_the_served_backend_refuses_to_start_with_an_unknown_fault(monkeypatch):
 
 @need("0.5.15")
 def test_a_planted_run_never_reuses_a_clean_server(monkeypatch):
-    from spec.config import Config
+    from kvcheck.spec.config import Config
     cfg = Config(page_size=2)
     monkeypatch.delenv(F.ENV, raising=False)
     clean = proxy.SglangProxy(cfg, version="0.5.15")

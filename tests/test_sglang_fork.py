@@ -43,7 +43,7 @@ def _run(backend, op):
 @need_release
 @pytest.mark.parametrize("version,name", CASES, ids=[f"{v}-{n}" for v, n in CASES])
 def test_fork_goes_on_as_a_fresh_replay(version, name):
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     tr = _load(version, name)
     ops = list(tr.ops)
     fresh = make_backend(tr.config, version)
@@ -65,7 +65,7 @@ def test_fork_goes_on_as_a_fresh_replay(version, name):
 
 @need_release
 def test_forks_gone_are_dropped_by_the_server():
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     version = RELEASES[0]
     tr = _load(version, TRACES[version][0])
     b = make_backend(tr.config, version)

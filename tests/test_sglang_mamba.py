@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from spec import hybrid as H
-from spec import ops as O
-from spec.config import Config, ConfigError
-from spec.model import initial_state, step
-from spec.view import abstract
+from kvcheck.spec import hybrid as H
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config, ConfigError
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.view import abstract
 
 BORROW = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=4, mamba_extra_buffer="eager",
                 overlap=True, era="borrow")
@@ -38,7 +38,7 @@ def test_borrow_slot_takes_the_turns_mamba_refs_at_take():
 
 
 def test_impl_slot_takes_the_turns_mamba_refs_at_take():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     b = ImplBackend(BORROW)
     for op in FIRST_TURN:
         b.apply(op)
@@ -54,7 +54,7 @@ def test_real_0523_mamba_lives_on_the_shared_record_and_in_the_tree():
     called). What it shows is why the adapter refuses 0.5.23 Mamba configs: the tree
     keeps Mamba slots (a copy at every checkpoint, the request's own at a finish), which
     the spec does not model, so the lockstep parts at the first prefill."""
-    from adapters.sglang.proxy import mamba_tree_probe, venv_python
+    from kvcheck.adapters.sglang.proxy import mamba_tree_probe, venv_python
     if not venv_python("0.5.23").exists():
         pytest.skip("no .venv-sglang-0.5.23")
     r = mamba_tree_probe(Config(page_size=1, num_pages=32, num_rows=4, era="borrow",
@@ -105,7 +105,7 @@ def test_disabled_tree_is_the_borrow_eras_only():
 
 
 def test_spec_and_impl_agree_on_drawn_disabled_tree_mamba_configs():
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
     for i in range(6):          # 48 steps each, about a second in all
@@ -116,7 +116,7 @@ def test_spec_and_impl_agree_on_drawn_disabled_tree_mamba_configs():
 
 
 def test_sglang_adapter_drives_0523_mamba_only_with_the_tree_disabled():
-    from adapters.sglang.hybrid import refusal
+    from kvcheck.adapters.sglang.hybrid import refusal
     assert "disable_radix_cache=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
     assert refusal(NO_RADIX, "borrow") is None
 
@@ -126,7 +126,7 @@ def _need_0523():
 
 
 def _need(version):
-    from adapters.sglang.proxy import venv_python
+    from kvcheck.adapters.sglang.proxy import venv_python
     if not venv_python(version).exists():
         pytest.skip(f"no .venv-sglang-{version}")
 
@@ -143,7 +143,7 @@ def test_real_0523_with_the_tree_disabled_agrees_with_the_spec(ops):
 
 def _assert_lockstep_on(cfg, ops, version="0.5.23"):
     """Run ops on the served release beside the spec; fail with the rendered divergence."""
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     from kvcheck.checker import run_ops
     b = SglangProxy(cfg, version)
     try:
@@ -166,7 +166,7 @@ TREE_OPS = SHARED_PREFIX + [O.Finish(2)] + SESSION + [
 
 
 def test_sglang_adapter_drives_0523_mamba_with_the_tree_component():
-    from adapters.sglang.hybrid import refusal
+    from kvcheck.adapters.sglang.hybrid import refusal
     assert refusal(MAMBA_TREE, "borrow") is None
     assert "mamba_tree=True" in refusal(Config(mamba_slots=2, era="borrow"), "borrow")
     assert refusal(replace(MAMBA_TREE, era="wrapper"), "flat") is None
@@ -192,7 +192,7 @@ def test_real_0523_mamba_tree_lockstep_on_drawn_configs():
 
 def _assert_drawn_mamba_tree_lockstep(version, era, n):
     _need(version)
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     from kvcheck.backends import config_kw, known_findings
     from kvcheck.engines.gen import Stats
     from kvcheck.engines.walk import walk
@@ -242,7 +242,7 @@ def test_real_0515_queued_abort_of_a_restored_turn_finishes_it(tree):
     `try_cache_finished_req` -> `finish_req`, with `MambaRadixCache` and with a plain
     tree alike; `_inflight` is cleared on the way (finish_req), which hides H5 there."""
     _need("0.5.15")
-    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    from kvcheck.adapters.sglang.proxy import queued_borrowed_abort_probe
     cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="wrapper",
                  mamba_slots=6, mamba_tree=tree)
     r = queued_borrowed_abort_probe(cfg, "0.5.15")
@@ -258,7 +258,7 @@ def test_real_0523_queued_abort_of_a_borrowed_turn_finishes_it(tree):
     `try_cache_finished_req` -> `finish_req`: the session's checkpoint becomes the aborted
     turn, whose never-prefilled tokens (4, 5) the next turn's prompt then carries."""
     _need_0523()
-    from adapters.sglang.proxy import queued_borrowed_abort_probe
+    from kvcheck.adapters.sglang.proxy import queued_borrowed_abort_probe
     cfg = Config(page_size=1, num_pages=32, num_rows=3, max_context_len=32, era="borrow",
                  mamba_slots=6, mamba_tree=tree, disable_radix_cache=not tree)
     r = queued_borrowed_abort_probe(cfg, "0.5.23")
@@ -279,19 +279,19 @@ def test_real_release_runs_m2_in_lockstep_only_when_accepted(version, name):
     (`findings.known_trigger`)."""
     _need(version)
     from pathlib import Path
-    from adapters.sglang.findings import known_trigger
+    from kvcheck.adapters.sglang.findings import known_trigger
     from kvcheck.trace import load
-    from spec.model import initial_state, step
+    from kvcheck.spec.model import initial_state, step
     t = load(Path(__file__).parents[1] / "stateful_tests" / "regressions" / f"{name}.json")
     assert t.config.accept == ("M2",) and isinstance(t.ops[6], O.AbortQueued)
     _assert_lockstep_on(t.config, t.ops, version)
-    from adapters.impl import ImplBackend
+    from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     r = run_ops(t.config, t.ops, ImplBackend(t.config), keep_records=True)
     # compared to the end: the I28 the spec breaks at the abort is M2's own (an accepted
     # finding's other violations stop the comparison, `within_accepted`)
     assert r.ok and r.beyond is None, (r.failure or r.beyond).render()
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     fixed = replace(t.config, accept=())
     b = SglangProxy(fixed, version)
     try:
@@ -312,7 +312,7 @@ def test_real_0515_u3_queued_abort_still_frees_a_copy_on_write_state():
     l.3905-3910); the spec frees it too and the run is compared to the end (a spec that
     leaked it would leave what the model follows and stop comparing)."""
     _need("0.5.15")
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     from kvcheck.checker import run_ops
     cfg = replace(MAMBA_TREE, era="wrapper", accept=("U3",))
     ops = [O.SubmitRequest(1, (1, 2, 3), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),

@@ -30,9 +30,9 @@ def run_in(version, *args, timeout=600) -> str:
 
 
 LEAK = """
-from adapters.sglang.backend import SglangBackend
-from spec import ops as O
-from spec.config import Config
+from kvcheck.adapters.sglang.backend import SglangBackend
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 b = SglangBackend(Config(page_size=1, num_pages=16, num_rows=4, era={era!r}))
 for op in (O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3, 4), 2), O.Schedule(1), O.Decode(1, 5)):
     b.apply(op)
@@ -56,10 +56,10 @@ def test_upstream_accounting_and_the_retry_of_a_retracted_turn(version, accept, 
     release's recorded findings accepted, as make check-sglang runs it: every path is
     driven) reaches each retry path with upstream's checks on every step. The first 10
     sequences of the seed given reach each (a seed's sequences change when the generators'
-    draws do: pick another seed that reaches all four, `python -m adapters.sglang.reach`)."""
+    draws do: pick another seed that reaches all four, `python -m kvcheck.engines.reach`)."""
     era = "wrapper" if version == "0.5.15" else "borrow"
     script = LEAK.format(era=era) + (
-        "from adapters.sglang.reach import main\n"
+        "from kvcheck.engines.reach import main\n"
         f"main(['--accept', {accept!r}, '--sequences', '{sequences}', '--seed', '{seed}'])\n")
     out = run_in(version, "-c", script)
     assert "clean []" in out and "broken ['L1']" in out, out

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from spec.config import Config
-from spec.hybrid import swa_tombstone_cut
-from spec.state import initial_state
+from kvcheck.spec.config import Config
+from kvcheck.spec.hybrid import swa_tombstone_cut
+from kvcheck.spec.state import initial_state
 
 ROOT = Path(__file__).resolve().parents[1]
 need_515 = pytest.mark.skipif(not (ROOT / ".venv-sglang-0.5.15/bin/python").exists(),

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from spec.config import Config
+from kvcheck.spec.config import Config
 
 CFG = Config(page_size=2, num_pages=24, num_rows=4, swa_window=4, era="borrow")
 
 
 def _need_0523():
-    from adapters.sglang.proxy import venv_python
+    from kvcheck.adapters.sglang.proxy import venv_python
     if not venv_python("0.5.23").exists():
         pytest.skip("no .venv-sglang-0.5.23")
 
@@ -25,7 +25,7 @@ def test_sglang_adapter_runs_swa_on_0523_but_not_prefill_aware():
     """The refusal is lifted for the sliding-window tree; prefill-aware SWA on it (W1: no
     production pairing) and SWA beside a Mamba pool or a disabled tree stay refused."""
     from dataclasses import replace
-    from adapters.sglang.hybrid import refusal
+    from kvcheck.adapters.sglang.hybrid import refusal
     assert refusal(CFG, "borrow") is None
     assert "PureSWARadixCache" in refusal(replace(CFG, prefill_aware_swa=True), "borrow")
     assert "sliding-window model only" in refusal(replace(CFG, disable_radix_cache=True), "borrow")
@@ -34,7 +34,7 @@ def test_sglang_adapter_runs_swa_on_0523_but_not_prefill_aware():
 @pytest.fixture(scope="module")
 def probe():
     _need_0523()
-    from adapters.sglang.proxy import swa_unified_probe
+    from kvcheck.adapters.sglang.proxy import swa_unified_probe
     return swa_unified_probe(CFG, "0.5.23")
 
 
@@ -86,7 +86,7 @@ def test_a_window_wider_than_every_sequence_agrees_with_0523():
     retried request whose finish 0.5.23 does not split at the prompt (the spec's
     `prompt_split_on`: `checkpoint_into_tree` splits a FULL-only tree only)."""
     _need_0523()
-    from adapters.sglang.proxy import swa_unified_probe
+    from kvcheck.adapters.sglang.proxy import swa_unified_probe
     r = swa_unified_probe(WIDE, "0.5.23")
     assert {k: v["first_divergence"] for k, v in r.items()} == {k: None for k in r}
     last = r["retract_evict"]["steps"][-1]
@@ -94,8 +94,8 @@ def test_a_window_wider_than_every_sequence_agrees_with_0523():
 
 
 def test_prompt_split_only_for_a_full_only_tree():
-    from spec.hybrid import prompt_split_on
-    from spec.state import initial_state
+    from kvcheck.spec.hybrid import prompt_split_on
+    from kvcheck.spec.state import initial_state
     assert prompt_split_on(initial_state(Config(era="borrow")))
     assert not prompt_split_on(initial_state(WIDE))
     assert not prompt_split_on(initial_state(Config(era="borrow", mamba_slots=2)))
@@ -107,14 +107,14 @@ def test_slot_lock_boundary_follows_the_checkpoint_on_spec_and_impl(probe):
     one covering the window; `try_checkpoint` moves the slot's lock (and so its boundary)
     to the node the first turn's prompt insert ends on. The spec and impl take the same
     anchor the release reads back, and the probe's divergence no longer names it."""
-    from adapters.impl import ImplBackend
-    from adapters.sglang.swa_unified import probe_ops
+    from kvcheck.adapters.impl import ImplBackend
+    from kvcheck.adapters.sglang.swa_unified import probe_ops
     from kvcheck.checker import run_ops
     ops = probe_ops()["session"][:3]
     r = run_ops(CFG, ops, ImplBackend(CFG), keep_records=True)
     assert r.failure is None, r.failure.render()
-    from spec.model import initial_state, step
-    from spec.view import abstract
+    from kvcheck.spec.model import initial_state, step
+    from kvcheck.spec.view import abstract
     s = initial_state(CFG)
     for op in ops:
         s, _ = step(s, op)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvcheck.checker import run_ops
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
 ACCEPT = ("U1", "U2", "U3", "M2")
@@ -53,7 +53,7 @@ def _venv(version):
 
 @_venv("0.5.19")
 def test_0_5_19_stops_where_two_requests_hold_one_record():
-    from adapters.sglang.proxy import make_backend
+    from kvcheck.adapters.sglang.proxy import make_backend
     res = run_ops(CFG, QUEUED_BORROWER, make_backend(CFG, "0.5.19"), backend_name="sglang-0.5.19")
     assert res.ok and res.beyond is not None, res.failure and res.failure.render()
     assert (res.beyond.step, res.beyond.reason) == (6, "R1")
@@ -64,7 +64,7 @@ def test_0_5_19_stops_where_two_requests_hold_one_record():
 
 @_venv("0.5.19")
 def test_0_5_19_runs_the_unified_tree_it_builds():
-    from adapters.sglang.proxy import SglangProxy
+    from kvcheck.adapters.sglang.proxy import SglangProxy
     assert SglangProxy(CFG, "0.5.19").api == "flat"
     two_turns = [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 3), O.Schedule(1),
                  O.Decode(1, 5), O.Finish(1), O.SubmitTurn(1, 2, (4,), 3), O.Schedule(2),
@@ -78,6 +78,6 @@ def test_0_5_19_runs_the_unified_tree_it_builds():
 def test_0_5_20_and_0_5_21_are_refused_naming_the_prompt_split(version):
     if not (ROOT / f".venv-sglang-{version}" / "bin" / "python").exists():
         pytest.skip(f"no .venv-sglang-{version}")
-    from adapters.sglang.proxy import SglangProxy, SglangUnavailable
+    from kvcheck.adapters.sglang.proxy import SglangProxy, SglangUnavailable
     with pytest.raises(SglangUnavailable, match="prompt boundary.*0.5.20-0.5.21 are not driven"):
         SglangProxy(CFG, version)

@@ -1,5 +1,5 @@
 """The trace shrinker keeps the failure and removes what does not cause it."""
-from spec import ops as O
+from kvcheck.spec import ops as O
 from kvcheck.shrink import shrink
 
 

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from spec import ops as O
-from spec.config import Config
-from spec.invariants import check_state, check_step
-from spec.model import _free_tail, available_size, initial_state, step
-from spec.state import Req, Slot
-from spec.view import abstract
-from stateful_tests import scenarios as S
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.model import _free_tail, available_size, initial_state, step
+from kvcheck.spec.state import Req, Slot
+from kvcheck.spec.view import abstract
+from kvcheck.stateful_tests import scenarios as S
 
 
 def walk(sc, upto=None):

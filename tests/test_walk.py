@@ -2,15 +2,15 @@
 table shared with the Hypothesis machine."""
 from __future__ import annotations
 
-from adapters.impl import ImplBackend
+from kvcheck.adapters.impl import ImplBackend
 from kvcheck.engines import gen
 from kvcheck.engines.gen import ARGS, RandomDrawer, Stats, boundary_lengths, draw_length
 from kvcheck.engines.walk import CORE, draw_swarm, sequence_rng, walk
-from spec.ops import OP_NAMES, OP_TYPES
+from kvcheck.spec.ops import OP_NAMES, OP_TYPES
 
 
 def test_every_operation_has_an_argument_entry():
-    """A new operation in spec.ops needs exactly one entry in the shared table."""
+    """A new operation in kvcheck.spec.ops needs exactly one entry in the shared table."""
     assert set(ARGS) == set(OP_TYPES)
 
 

@@ -9,13 +9,13 @@ import sys
 
 import torch
 
-from adapters.impl import ImplBackend
+from kvcheck.adapters.impl import ImplBackend
 from benchmarks import bench_diff, bench_scale, summary
-from impl.checks import snapshot
+from kvcheck.impl.checks import snapshot
 from kvcheck.engines.gen import Stats
 from kvcheck.engines.walk import walk, weighted_pick
-from spec import ops as O
-from spec.config import Config
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
 
 
 def test_weighted_pick_draws_what_random_choices_draws():

@@ -1,7 +1,7 @@
 """Conformance run: replay traces on the spec and on a real sglang release, step by step.
 
-    .venv/bin/python -m adapters.sglang.conformance --version 0.5.15 stateful_tests/upstream/*.json
-    .venv/bin/python -m adapters.sglang.conformance --version 0.5.15 --trace T.json -v
+    .venv/bin/python -m kvcheck.adapters.sglang.conformance --version 0.5.15 stateful_tests/upstream/*.json
+    .venv/bin/python -m kvcheck.adapters.sglang.conformance --version 0.5.15 --trace T.json -v
 
 Each trace is checked three ways before it is trusted as a finding:
 1. shape: every operation is one upstream's scheduler can produce in that state (the
@@ -27,10 +27,10 @@ import time
 
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
-from adapters.sglang.proxy import make_backend
-from spec import ops as O
-from spec.invariants import check_state, check_step
-from spec.model import ABORT_STUB_ORIGIN, enabled, initial_state, step
+from kvcheck.adapters.sglang.proxy import make_backend
+from kvcheck.spec import ops as O
+from kvcheck.spec.invariants import check_state, check_step
+from kvcheck.spec.model import ABORT_STUB_ORIGIN, enabled, initial_state, step
 
 
 def shape_errors(tr, backend_states=None, upto=None) -> list[str]:
@@ -130,7 +130,7 @@ def check_trace(path: str, version: str | None, verbose: bool = False,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adapters.sglang.conformance")
+    ap = argparse.ArgumentParser(prog="python -m kvcheck.adapters.sglang.conformance")
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--trace", action="append", default=[])
     ap.add_argument("--version", help="sglang release (uses .venv-sglang-VERSION)")

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from spec import ops as O
-from spec.model import queued_borrow_holds_mamba, refusal, step
+from kvcheck.spec import ops as O
+from kvcheck.spec.model import queued_borrow_holds_mamba, refusal, step
 
 RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
             "0.5.15": ("U1", "U2", "U3", "M2"),

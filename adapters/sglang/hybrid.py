@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import types
 
-from spec.hybrid import swa_keep
+from kvcheck.spec.hybrid import swa_keep
 
 
 def refusal(cfg, api: str, version: str = ""):
@@ -162,7 +162,7 @@ def evicts_shortfall(version) -> bool:
 
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
-    (spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
+    (kvcheck.spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
     keeps `max(window, P)`, which is the same when that is a page multiple."""
     return not (0, 5, 22) <= release_tuple(version) < (0, 5, 23)
 
@@ -189,30 +189,6 @@ def swa_allocator(cfg):
     return SWATokenToKVPoolAllocator(size=size, size_swa=size_swa, page_size=P,
                                      dtype=torch.bfloat16, device="cpu", kvcache=kv,
                                      need_sort=False)
-
-
-def swa_probe(cfg) -> dict:
-    """Run the real SWA allocator of this release through one request's life on the CPU
-    (alloc_extend of 3 tokens, a decode past a page boundary, the window's free_swa of
-    the first page, the release's free) and report what its own counters say, so a test
-    can show it needs no CUDA and no stand-in (the served release runs it: `run_trace
-    --serve`'s `swa_probe`). cfg: page_size 2, swa_window set."""
-    import torch
-    from adapters.sglang import shim
-    alloc, I = swa_allocator(cfg), torch.int64
-    shim.arm()
-    t = lambda *v: torch.tensor(list(v), dtype=I)  # noqa: E731
-    out = alloc.alloc_extend(prefix_lens=t(0), prefix_lens_cpu=t(0), seq_lens=t(3),
-                             seq_lens_cpu=t(3), last_loc=t(-1), extend_num_tokens=3)
-    dec = alloc.alloc_decode(seq_lens=t(5), seq_lens_cpu=t(5), last_loc=out[-1:] + 1)
-    held = torch.cat([out, dec])
-    mapped = alloc.full_to_swa_index_mapping[held].tolist()
-    alloc.free_swa(out[:2])
-    after_window = (alloc.full_available_size(), alloc.swa_available_size())
-    alloc.free(held)
-    return dict(mapped=mapped, after_window=list(after_window),
-                after_free=[alloc.full_available_size(), alloc.swa_available_size()],
-                stub_calls=shim.calls())
 
 
 class MambaPoolStandIn(types.SimpleNamespace):
@@ -316,42 +292,10 @@ PROBE_OPS = "submit_request 1; schedule 1; decode 1; finish 1; submit_request 2 
     "schedule 2; finish 2; open_session 1; submit_turn 3; schedule 3; finish 3; close_session 1"
 
 
-def mamba_tree_probe(cfg) -> dict:
-    """Run the real 0.5.23 `UnifiedRadixCache` with the Mamba component production builds
-    for a hybrid SSM model (cfg: borrow era, P = 1, mamba_extra_buffer off, which the
-    component requires), over a real `HybridReqToTokenPool` and the stand-in `MambaPool`,
-    through PROBE_OPS beside the spec (the checker's own lockstep), and report where the
-    Mamba slots are after each op and the first step where the two differ. Shows that it
-    constructs and runs on the CPU, and why the adapter refuses the config (module
-    docstring)."""
-    from spec import ops as O
-    from adapters.sglang.backend import SglangBackend
-    from kvcheck.checker import run_ops
-    ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5), 3), O.Schedule(1), O.Decode(1, 9), O.Finish(1),
-           O.SubmitRequest(2, (1, 2, 3, 4, 5, 6), 2), O.Schedule(2), O.Finish(2),
-           O.OpenSession(1), O.SubmitTurn(1, 3, (7, 8, 9), 3), O.Schedule(3), O.Finish(3),
-           O.CloseSession(1)]
-    b = SglangBackend(cfg, refuse=False)
-    steps = []
-    for op in ops:
-        b.apply(op)
-        a = b.abstract()
-        steps.append(dict(op=op.name, mamba_free=list(a.mamba_free), tree=tree_mamba(b),
-                          reqs={r.rid: list(r.mamba) for r in a.reqs},
-                          slots={t.sid: list(t.mamba) for t in a.slots}))
-    copies = list(b.pool.mamba_pool.copies)
-    lockstep = run_ops(cfg, ops, SglangBackend(cfg, refuse=False), backend_name=b.name)
-    fail = lockstep.failure
-    return dict(steps=steps, copies=copies,
-                first_divergence=None if fail is None else
-                dict(step=fail.step, op=fail.op.name, id=fail.id, side=fail.side,
-                     lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:6])))
-
-
 def mamba_short(pool, req, tree=None) -> bool:
-    """The admission glue's Mamba check (the spec's `spec.hybrid.mamba_short`): the slots
+    """The admission glue's Mamba check (the spec's `kvcheck.spec.hybrid.mamba_short`): the slots
     `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
-    `spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
+    `kvcheck.spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
     slots and the tree's unlocked states (`mamba_evictable_size`)."""
     alloc = getattr(pool, "mamba_allocator", None)
     if alloc is None:
@@ -410,12 +354,12 @@ def holds_mamba(kv) -> bool:
 
 def node_mamba(cfg, node) -> dict:
     """A tree node's NodeView Mamba fields (its state, its Mamba lock_ref), as
-    `spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
+    `kvcheck.spec.view.node_mamba_view` gives them; {} without a Mamba tree. 0.5.23:
     `component_data[MAMBA]`; 0.5.15 `MambaRadixCache`'s `TreeNode`: `mamba_value`,
     `mamba_lock_ref`."""
     if not cfg.mamba_tree:
         return {}
-    from spec.view import node_mamba_view
+    from kvcheck.spec.view import node_mamba_view
     if hasattr(node, "component_data"):
         from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
         data = node.component_data[ComponentType.MAMBA]
@@ -458,36 +402,3 @@ def hybrid_view(cfg, pool) -> dict:
                 mamba_free=tuple(sorted(int(m) for m in pool.mamba_allocator.free_slots.tolist())))
 
 
-def queued_borrowed_abort_probe(cfg) -> dict:
-    """Finding M2 (docs/upstream-findings.md) on the real 0.5.23, outside the lockstep (the
-    runs drive it too: `release_queued_mamba`): a session's second turn
-    borrows its slot's record at the match (`try_match_prefix`: `req.kv = slot.kv`, which
-    holds a Mamba state), is turned down and stays queued; the client aborts it. Upstream's
-    `Scheduler.abort_request`, waiting-queue branch (scheduler.py l.5696-5721; inline
-    there, replicated by the backend's `abort_queued`): `_release_aborted_request` (`session.abort_req()`),
-    then, the request holding a Mamba state, `release_kv_cache(req, checkpoint=False)`,
-    whose `claim_kv_row` -> `try_cache_finished_req` sees no FINISH_ABORT on the queued
-    request and finishes it: `finish_req` makes the aborted turn the session's req_nodes.
-    Reports req_nodes before and after, and the next turn's prompt. cfg: borrow era,
-    mamba_slots, mamba_tree or disable_radix_cache; or the wrapper era (0.5.15, the tree
-    `MambaRadixCache` or a plain `RadixCache`): a turn restored from its slot holds the
-    slot's row and `mamba_pool_idx`, `abort_request` (l.3905-3910, no session call first:
-    H5) calls `release_kv_cache(req, is_insert=False)`, and the wrapper's
-    `try_cache_finished_req` takes the same finish path."""
-    from spec import ops as O
-    from adapters.sglang.backend import SglangBackend
-    b = SglangBackend(cfg)
-    for op in [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.Schedule(1), O.Decode(1, 7),
-               O.SubmitTurn(1, 2, (4, 5), 2), O.Schedule(1 + 1, admit=False)]:
-        b.apply(op)
-    req, sess = b.live[2].req, b.ctrl.get(b._sid(1))
-    slot, kv = b._slots()[b._sid(1)], kv_record(req)
-    out = dict(borrowed=kv_record(slot) is kv or slot.req_pool_idx == req.req_pool_idx,
-               holds_kv=b._row(req) is not None, holds_mamba=holds_mamba(kv),
-               req_nodes_before=list(sess.req_nodes))
-    b.apply(O.AbortQueued(2))       # (0.5.23: _release_aborted_request), "For mamba radix cache"
-    out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
-               slot_kept=b._sid(1) in b._slots())
-    b.apply(O.SubmitTurn(1, 3, (6,), 2))
-    out["next_prompt"] = [int(t) for t in b.live[3].req.origin_input_ids]
-    return out

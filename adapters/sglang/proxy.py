@@ -1,7 +1,7 @@
 """The checker-side Backend for a real sglang release.
 
 sglang (with its pinned torch) lives in its own venv, .venv-sglang-VERSION, built by
-adapters/sglang/make_env.sh. `SglangProxy` runs `python -m adapters.sglang.run_trace
+adapters/sglang/make_env.sh. `SglangProxy` runs `python -m kvcheck.adapters.sglang.run_trace
 --serve` with that venv's interpreter and speaks the JSON-lines protocol to it; every
 `apply` returns upstream's outcome and caches the abstract state and concrete
 violations that came back with it. One server process per interpreter is kept and
@@ -24,10 +24,10 @@ import sys
 import weakref
 from pathlib import Path
 
-from spec.abstract import AbstractState
-from spec.config import Config
-from spec.ops import Op
-from spec.violations import Violation
+from kvcheck.spec.abstract import AbstractState
+from kvcheck.spec.config import Config
+from kvcheck.spec.ops import Op
+from kvcheck.spec.violations import Violation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ class _Server:
         rc = os.environ.get("KVCHECK_SGLANG_COVERAGE")
         under = [python, "-m", "coverage", "run", f"--rcfile={rc}"] if rc else [python]
         self.proc = subprocess.Popen(
-            under + ["-m", "adapters.sglang.run_trace", "--serve"], cwd=str(ROOT), env=env,
+            under + ["-m", "kvcheck.adapters.sglang.run_trace", "--serve"], cwd=str(ROOT), env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             text=True, bufsize=1)
         self.dropped: list[int] = []    # handles of proxies gone, sent with the next call
@@ -122,7 +122,7 @@ def _stop_all() -> None:
 
 def _server(python: str) -> _Server:
     """The served interpreter, started once per planted-fault set and kept."""
-    from adapters.sglang.faults import ENV     # no sglang import: installers import it
+    from kvcheck.adapters.sglang.faults import ENV     # no sglang import: installers import it
     key = (python, os.environ.get(ENV, ""))
     server = _SERVERS.get(key)
     if server is None or server.proc.poll() is not None:
@@ -131,7 +131,7 @@ def _server(python: str) -> _Server:
 
 
 def _probe(cmd: str, cfg: Config, version: str, **fields) -> dict:
-    """adapters.sglang.hybrid.<cmd> (or swa_unified.<cmd>) run by the served release
+    """kvcheck.adapters.sglang.hybrid.<cmd> (or swa_unified.<cmd>) run by the served release
     VERSION; `fields` go along in the request."""
     python = resolve_python(version)
     reply = _server(python).call({"cmd": cmd, "config": cfg.to_json(), **fields})
@@ -163,7 +163,7 @@ class SglangProxy:
                  refuse: bool = True):
         """refuse=False: the served backend runs a config its release refuses (a probe or
         a campaign that examines why, e.g. SWA on 0.5.23: adapters/sglang/swa_unified.py)."""
-        from adapters.sglang.wire import state_from_json, violation_from_json
+        from kvcheck.adapters.sglang.wire import state_from_json, violation_from_json
         self._state_from_json, self._viol_from_json = state_from_json, violation_from_json
         self.cfg = cfg
         python = python or resolve_python(version)
@@ -230,6 +230,6 @@ def make_backend(cfg: Config, version: str | None = None):
     """`--backend sglang[:VERSION]`."""
     python = resolve_python(version)
     if python is None:
-        from adapters.sglang.backend import SglangBackend
+        from kvcheck.adapters.sglang.backend import SglangBackend
         return SglangBackend(cfg, expect_version=version)
     return SglangProxy(cfg, version=version, python=python)

@@ -1,7 +1,7 @@
 """Replay a kvcheck trace against the installed sglang (run with an sglang venv's python).
 
-    PYTHONPATH=/work/main .venv-sglang-0.5.15/bin/python -m adapters.sglang.run_trace T.json
-    ... -m adapters.sglang.run_trace --serve        # JSON-lines protocol on stdin/stdout
+    PYTHONPATH=/work/main .venv-sglang-0.5.15/bin/python -m kvcheck.adapters.sglang.run_trace T.json
+    ... -m kvcheck.adapters.sglang.run_trace --serve        # JSON-lines protocol on stdin/stdout
 
 Trace: a JSON object with "config" (Config.to_json()) and "ops" (op.to_json() each);
 other keys are ignored. Output (one JSON document on stdout):
@@ -54,17 +54,17 @@ def error_text(e: BaseException) -> str:
 
 
 def _snapshot(backend) -> dict:
-    from adapters.sglang.wire import state_to_json, violation_to_json
+    from kvcheck.adapters.sglang.wire import state_to_json, violation_to_json
     return {"state": state_to_json(backend.abstract()),
             "violations": [violation_to_json(v) for v in backend.concrete_violations()],
             "past_model": backend.past_model()}
 
 
 def replay(trace: dict, version: str | None = None) -> tuple[dict, int]:
-    from spec.config import Config
-    from spec.ops import op_from_json
-    from adapters.sglang.backend import SglangBackend
-    from adapters.sglang import shim
+    from kvcheck.spec.config import Config
+    from kvcheck.spec.ops import op_from_json
+    from kvcheck.adapters.sglang.backend import SglangBackend
+    from kvcheck.adapters.sglang import shim
 
     t0 = time.monotonic()
     cfg = Config.from_json(trace["config"])
@@ -89,8 +89,8 @@ def replay(trace: dict, version: str | None = None) -> tuple[dict, int]:
 
 
 def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
-    from spec.config import Config
-    from spec.ops import op_from_json
+    from kvcheck.spec.config import Config
+    from kvcheck.spec.ops import op_from_json
     backends: dict = {}          # handle -> SglangBackend
     latest = None                # the latest init's handle
     handles = iter(range(1, 1 << 62))
@@ -109,7 +109,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                     raise LookupError(f"no backend under handle {h!r} (dropped, or no init yet)")
                 backend = backends[h]
             if cmd == "init":
-                from adapters.sglang.backend import SglangBackend
+                from kvcheck.adapters.sglang.backend import SglangBackend
                 backend = SglangBackend(Config.from_json(msg["config"]),
                                         expect_version=msg.get("version"),
                                         refuse=msg.get("refuse", True))
@@ -130,14 +130,14 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
                 reply = {"handles": sorted(backends)}
             elif cmd in ("swa_probe", "mamba_tree_probe", "queued_borrowed_abort_probe",
                          "swa_unified_probe"):
-                from adapters.sglang import hybrid, swa_unified
-                from adapters.sglang.backend import process_setup
+                from kvcheck.adapters.sglang import probes
+                from kvcheck.adapters.sglang.backend import process_setup
                 cfg = Config.from_json(msg["config"])
                 process_setup(cfg.page_size, cfg.spec_enabled)
-                if cmd == "swa_unified_probe":      # adapters/sglang/swa_unified.py
-                    reply = swa_unified.swa_unified_probe(cfg, msg.get("names"))
+                if cmd == "swa_unified_probe":      # adapters/sglang/probes.py
+                    reply = probes.swa_unified_probe(cfg, msg.get("names"))
                 else:
-                    reply = getattr(hybrid, cmd)(cfg)
+                    reply = getattr(probes, cmd)(cfg)
             elif cmd == "close":
                 for b in backends.values():
                     b.close()
@@ -156,7 +156,7 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m adapters.sglang.run_trace")
+    ap = argparse.ArgumentParser(prog="python -m kvcheck.adapters.sglang.run_trace")
     ap.add_argument("trace", nargs="?", help="trace JSON file")
     ap.add_argument("--serve", action="store_true", help="JSON-lines protocol on stdin")
     ap.add_argument("--version", help="refuse to run unless this sglang release is installed")

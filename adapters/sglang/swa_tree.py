@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 
-from spec.violations import Violation
+from kvcheck.spec.violations import Violation
 
 
 def configure_env(cfg) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 
-from spec.violations import Violation
+from kvcheck.spec.violations import Violation
 
 
 def configure_env(cfg) -> None:
@@ -160,7 +160,7 @@ def tree_violations(cfg, cache, alloc) -> list:
 def probe_ops() -> dict:
     """Named operation sequences for `swa_unified_probe`, each reaching one SWA path of
     the 0.5.23 tree (window 4 at P = 2 unless the probe's cfg says otherwise)."""
-    from spec import ops as O
+    from kvcheck.spec import ops as O
     long_prompt = tuple(range(1, 13))           # 12 tokens: 3 windows
     return {
         # the first prefill's checkpoint, decode past the window, finish, a shared match
@@ -190,34 +190,3 @@ def probe_ops() -> dict:
     }
 
 
-def swa_unified_probe(cfg, names=None) -> dict:
-    """Run the real 0.5.23 FULL + SWA `UnifiedRadixCache` (built as `build`) through each
-    `probe_ops` sequence beside the spec (the checker's own lockstep, the adapter's refusal
-    lifted for the probe), and report, per sequence, the SWA read-back after each op (the
-    nodes' SWA values and locks, the holders' cursors and lock boundaries) and the first
-    step where the two sides differ."""
-    from adapters.sglang.backend import SglangBackend
-    from kvcheck.checker import run_ops
-    out = {}
-    for name, ops in probe_ops().items():
-        if names and name not in names:
-            continue
-        b = SglangBackend(cfg, refuse=False)
-        steps = []
-        for op in ops:
-            outcome = b.apply(op)
-            a = b.abstract()
-            steps.append(dict(
-                op=op.name, outcome=outcome, tree=tree_swa(b.cache),
-                reqs={r.rid: [r.committed, r.protected, r.swa_evicted_seqlen, r.swa_evict_floor]
-                      for r in a.reqs},
-                slots={t.sid: [t.committed, t.protected, t.swa_evicted_seqlen,
-                               t.swa_uuid_for_lock and list(t.swa_uuid_for_lock)]
-                       for t in a.slots},
-                swa_free=len(a.swa_free_pages), concrete=[str(v) for v in b.concrete_violations()]))
-        lock = run_ops(cfg, ops, SglangBackend(cfg, refuse=False), backend_name=b.name)
-        fail = lock.failure
-        out[name] = dict(steps=steps, first_divergence=None if fail is None else dict(
-            step=fail.step, op=fail.op.name, id=fail.id, side=fail.side,
-            lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:8])))
-    return out

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, fields
 
-from spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView
-from spec.violations import Violation
+from kvcheck.spec.abstract import AbstractState, NodeView, ReqView, SessionView, SlotView
+from kvcheck.spec.violations import Violation
 
 
 def _to_json(v):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from kvcheck.engines.gen import Stats
-from spec.config import Config
+from kvcheck.spec.config import Config
 
 HYPOTHESIS_ROUND = 20
 """Sequences per Hypothesis round (one `run_state_machine_as_test` call, one seed)."""
@@ -75,7 +75,7 @@ def _setup(c: Campaign):
 def run_chunk(c: Campaign, start: int, count: int, planted: tuple = ()) -> ChunkResult:
     """Run up to `count` sequences from index `start`; stop at the first failure.
     `planted`: impl/ faults to switch on in this process (a worker inherits none)."""
-    from impl import faults
+    from kvcheck.impl import faults
     with faults.planted(*planted):
         if c.engine == "hypothesis":
             return _hypothesis_chunk(c, start, count)

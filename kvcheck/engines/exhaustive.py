@@ -1,7 +1,7 @@
 """Every transition of an explored scope, the spec against a backend
 (`kvcheck explore --backend impl`).
 
-The explorer (kvcheck/explore.py) visits each distinct spec state of a scope once and
+The explorer (kvcheck/explore/) visits each distinct spec state of a scope once and
 keeps the state's parent and the operation that first reached it: a spanning tree of the
 scope, each state at the end of a shortest path. This engine walks that tree depth-first
 with a `kvcheck.checker.Lockstep` (the spec and the backend side by side), so that every
@@ -128,7 +128,7 @@ def check_transitions(res, backend: str = "impl", progress: Optional[Callable] =
     from kvcheck.backends import known_findings, release_refusal, resolve
     from kvcheck.checker import RELEASE_SAME, Lockstep
     from kvcheck.explore import candidate_ops
-    from spec.config import ConfigError
+    from kvcheck.spec.config import ConfigError
     factory, bname = resolve(backend)
     if factory is None:
         raise ValueError("a transition check needs a system under test (impl, sglang:VERSION), "

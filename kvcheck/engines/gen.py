@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
 from kvcheck.checker import RELEASE_SAME, differ_kind
-from spec import ops as O
-from spec.config import Config
-from spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
+from kvcheck.spec import ops as O
+from kvcheck.spec.config import Config
+from kvcheck.spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
 
 PREFIXES = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 9, 9, 9, 9), (5, 6, 7, 8, 1, 2, 3, 4))
 """Prompts start with a cut of one of these, so radix matches and splits happen."""
@@ -134,7 +134,7 @@ SWA_NO_FLOOR = ("swa-no-prefill-aware", "swa-full-pool", "swa-window-pages")
 """SWA kinds drawn without 0.5.23's prefill-aware SWA (which the release pairs only with an
 all-SWA model: the sglang adapter refuses it, docs/semantics.md W1). "swa-window-pages" also
 rounds a window wider than a page up to whole pages, where 0.5.22's SWA keep
-(`max(window, P)`) is 0.5.23's (`ceil_align(max(window, P), P)`, spec.hybrid.swa_keep)."""
+(`max(window, P)`) is 0.5.23's (`ceil_align(max(window, P), P)`, kvcheck.spec.hybrid.swa_keep)."""
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
 NO_LAZY = ("off", "off", "eager")
@@ -283,7 +283,7 @@ def _pick(phases):
 
 
 REFUSED_ONE_IN = 10
-"""A client request upstream turns down (`spec.model.refused`) or answers with a stub
+"""A client request upstream turns down (`kvcheck.spec.model.refused`) or answers with a stub
 (a turn for a session that is not open) is drawn once in this many draws of its op."""
 
 
@@ -440,7 +440,7 @@ ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
     "decode_round": _decode_round,
 }
 """op name -> draw(ctx, drawer) -> an op with its arguments, or None when the state has
-no object to act on. A new operation in spec.ops needs one entry here."""
+no object to act on. A new operation in kvcheck.spec.ops needs one entry here."""
 
 
 # -- what a run counts -------------------------------------------------------------------

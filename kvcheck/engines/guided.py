@@ -47,7 +47,7 @@ from typing import Callable, Optional
 
 from kvcheck.engines.gen import ARGS, RandomDrawer, Stats, draw_config
 from kvcheck.engines.walk import BASE_WEIGHTS, Plan, Sequence, draw_plan, plan_rng, walk
-from spec import ops as O
+from kvcheck.spec import ops as O
 
 MUTATE_SHARE = 0.15
 MUTATIONS = ("extend", "splice", "argument", "swap", "config")
@@ -222,7 +222,7 @@ CONFIG_FIELDS = ("page_size", "num_pages", "num_rows", "chunk_size", "spec_enabl
 def change_config(cfg, fresh, f: str):
     """`cfg` with field `f` taken from the freshly drawn `fresh` (with the page size, the
     pool size and chunk size drawn for it too); `fresh` itself if that is not valid."""
-    from spec.config import ConfigError
+    from kvcheck.spec.config import ConfigError
     kw = {f: getattr(fresh, f)}
     if f == "page_size":
         kw.update(num_pages=fresh.num_pages, chunk_size=fresh.chunk_size)

@@ -21,7 +21,7 @@ from kvcheck.checker import Failure, Lockstep
 from kvcheck.engines import profiles  # noqa: F401  (registers the settings profiles)
 from kvcheck.engines.gen import (ARGS, MAX_LIVE_REQS, MAX_SESSIONS, Ctx, HypothesisDrawer,
                                  Stats, draw_config, paths_of)
-from spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
+from kvcheck.spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
 
 LAST_FAILURE: dict = {}
 """{"config": Config, "ops": [...], "failure": Failure} of the most recent failing run."""

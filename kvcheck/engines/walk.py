@@ -19,8 +19,8 @@ from typing import Callable, Optional
 
 from kvcheck.checker import Failure, Lockstep
 from kvcheck.engines.gen import ARGS, Ctx, Drawer, RandomDrawer, Stats, draw_config, one_in, paths_of
-from spec.config import Config
-from spec.model import enabled
+from kvcheck.spec.config import Config
+from kvcheck.spec.model import enabled
 
 BASE_WEIGHTS: dict[str, float] = {
     "open_session": 1.0, "submit_turn": 4.0, "submit_request": 1.5, "schedule": 4.0,
@@ -29,7 +29,7 @@ BASE_WEIGHTS: dict[str, float] = {
     "close_session": 0.7, "evict": 1.0, "schedule_round": 3.0, "decode_round": 4.0,
 }
 """How often each operation is tried before swarm scaling; an operation missing here
-(a new one in spec.ops) gets DEFAULT_WEIGHT."""
+(a new one in kvcheck.spec.ops) gets DEFAULT_WEIGHT."""
 DEFAULT_WEIGHT = 1.0
 CORE = frozenset({"open_session", "submit_turn", "schedule", "prefill_chunk", "decode",
                   "spec_decode", "finish"})
@@ -177,7 +177,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
 def _leaving_out(skip, accept: tuple, taken: tuple):
     """`skip`, and the triggers of the accepted findings a sequence leaves out (for drawn
     operations; a guided engine's scripted ones are applied as recorded)."""
-    from adapters.sglang.findings import leaves_one_turn_per_session
+    from kvcheck.adapters.sglang.findings import leaves_one_turn_per_session
     out = leaves_one_turn_per_session if accept and not taken else None
     if out is None or skip is None:
         return out or skip

@@ -6,7 +6,7 @@ venv to see which upstream lines those sequences execute:
 
   .venv-sglang-0.5.23/bin/python -m coverage run --branch \\
       --include='*/sglang/srt/session/*,*/sglang/srt/mem_cache/*' \\
-      -m adapters.sglang.reach --accept U1,U2,U6 --sequences 200 --seed 1
+      -m kvcheck.engines.reach --accept U1,U2,U6 --sequences 200 --seed 1
   .venv-sglang-0.5.23/bin/python -m coverage report --show-missing
 
 Prints one line per PATHS entry, then each failure (the first failure ends a sequence).
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from adapters.sglang.backend import SglangBackend, installed_version
+from kvcheck.adapters.sglang.backend import SglangBackend, installed_version
 
 
 def reach(sequences: int, seed: int, accept: tuple) -> tuple:
@@ -38,7 +38,7 @@ def reach(sequences: int, seed: int, accept: tuple) -> tuple:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m adapters.sglang.reach", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m kvcheck.engines.reach", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sequences", type=int, default=100)
     p.add_argument("--seed", type=int, default=1)

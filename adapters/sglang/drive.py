@@ -1,0 +1,574 @@
+"""SglangBackend's operations: each kvcheck operation carried out through upstream's own
+scheduler glue (match, admit, allocate, prefill, decode, finish, abort, retract, close,
+evict)."""
+from __future__ import annotations
+
+import copy
+
+from kvcheck.spec.model import resolve_logprob_start
+from kvcheck.spec.pages import chunk_end, pages_needed_extend
+
+from kvcheck.adapters.sglang import hybrid, swa_tree
+from kvcheck.adapters.sglang.release import SAMPLED_TOKEN, VOCAB, _Live
+
+class _RoundBudget:
+    """What one PrefillAdder has left while it admits a round (kvcheck's glue, as
+    spec/model.py `_Budget`): rows, KV tokens reserved by the requests admitted
+    (page-ceiled extends), the chunk (None: unchunked)."""
+
+    def __init__(self, rows: int, chunk):
+        self.rows, self.reserved, self.chunk = rows, 0, chunk
+
+    def charge(self, item: tuple, new_row: bool, P: int) -> None:
+        _, prefix, end, _ = item
+        self.reserved += pages_needed_extend(prefix, end, P) * P
+        self.rows -= new_row
+        if self.chunk is not None:
+            self.chunk -= -(-(end - prefix) // P) * P
+
+
+class Drive:
+    """The operations of SglangBackend (adapters/sglang/backend.py)."""
+
+    def _op_open_session(self, op):
+        from sglang.srt.managers.io_struct import OpenSessionReqInput
+        out = self.ctrl.open(OpenSessionReqInput(capacity_of_str_len=1 << 20,
+                                                 session_id=self._sid(op.sid), streaming=True))
+        return "ok" if out.success else "refused"   # "already exist, cannot open"
+
+    def _op_submit_turn(self, op):
+        """Scheduler.handle_generate_request, session branch."""
+        sid = self._sid(op.sid)
+        t = self._tokenized(op.rid, op.new_tokens, op.max_new_tokens, op.sid)
+        session = self.ctrl.get(sid)
+        if session is not None and not session.close_on_finish:
+            req = session.create_req(t, tokenizer=None, vocab_size=VOCAB)
+            stub = req.to_finish is not None
+            self.live[op.rid] = _Live(op.rid, req, streaming=True, rejected=stub)
+            return "stub" if stub else "ok"
+        # session closing (or unknown): a plain Req aborted at once, no session attached
+        from sglang.srt.managers.schedule_batch import Req
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
+        req.tokenizer = None
+        req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}"
+                                  if session is not None else
+                                  f"Invalid request: session id {sid} does not exist")
+        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
+        return "stub"
+
+    def _op_submit_request(self, op):
+        from sglang.srt.managers.schedule_batch import Req
+        t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None)
+        req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB,
+                  return_logprob=op.logprob_start_len is not None)
+        req.tokenizer = None
+        # handle_generate_request's logprob_start_len resolution (glue); upstream's own
+        # init_next_round_input then caps the prefix match with it
+        req.logprob_start_len = resolve_logprob_start(op.logprob_start_len, len(op.tokens))
+        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
+        return "ok"
+
+    def _op_schedule(self, op):
+        """get_new_batch_prefill for one waiting request: the round of one."""
+        return self._round([op.rid], None if op.admit else 0)
+
+    def _op_schedule_round(self, op):
+        return self._round(list(op.rids), op.limit)
+
+    def _round(self, rids: list, limit) -> str:
+        """get_new_batch_prefill: the chunked request's checkpoint and next chunk, then
+        each waiting request's `init_next_round_input` (match_prefix) and the PrefillAdder
+        admission (persistent lock; the round's row, KV and chunk budgets, shared) until
+        one is refused; then upstream's own `ScheduleBatch.init_new(can_run_list)
+        .prepare_for_extend()` allocates rows and KV for the whole batch and runs the
+        session hooks, and its result is processed request by request."""
+        budget = _RoundBudget(self.pool.available_size(), self.cfg.chunk_size)
+        batch = []
+        for i, rid in enumerate(rids):
+            if budget.chunk is not None and budget.chunk <= 0:
+                break
+            L = self.live[rid]
+            refused = limit is not None and i >= limit
+            if L.phase == "prefill":
+                item = self._add_chunked_req(L, budget, refused)
+            else:
+                item = self._add_one_req(L, budget, refused)
+                if item is None:
+                    break
+            if item is not None:
+                batch.append(item)
+                budget.charge(item, self._row(L.req) is None, self.P)
+                if item[2] < item[3] and L.phase != "prefill":
+                    break           # the new chunked request spends the chunk budget
+        if batch:
+            self._extend_batch(batch)
+            for L, _, end, input_len in batch:
+                L.phase = "prefill"
+                if end == input_len:
+                    self._prefill_result(L)
+        return "ok" if len(batch) == len(rids) else "rejected"
+
+    def _add_one_req(self, L, budget, refused: bool):
+        """init_next_round_input and PrefillAdder.add_one_req (kvcheck's admission glue):
+        (L, prefix, end, input_len), or None when the request is refused."""
+        req = L.req
+        req.init_next_round_input(self.cache)                 # match_prefix
+        if self.shared:
+            self._note_slot_copies(restored=req)
+        prefix = self._prefix_len(req)
+        input_len = len(req.origin_input_ids) + len(req.output_ids)
+        end = chunk_end(prefix, input_len, budget.chunk, self.P)
+        if refused or end <= prefix < input_len:
+            self._rejected(req)
+            return None
+        self._lock(L)                                         # _req_inc_lock_ref
+        no_row = self._row(req) is None and budget.rows < 1
+        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
+        if no_row or hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or \
+                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0] or \
+                (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)):
+            self._unlock(L)
+            self._rejected(req)
+            return None
+        return L, prefix, end, input_len
+
+    def _add_chunked_req(self, L, budget, refused: bool):
+        """The chunked request's next round: its checkpoint (`_checkpoint_chunk`), then
+        PrefillAdder.add_chunked_req sizes the chunk by what the round has left; None
+        when the KV budget does not take it."""
+        prefix, input_len = self._checkpoint_chunk(L)
+        end = chunk_end(prefix, input_len, budget.chunk, self.P)
+        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
+        if refused or end <= prefix or \
+                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0]:
+            return None
+        return L, prefix, end, input_len
+
+    def _rejected(self, req) -> str:
+        """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
+        matched mamba idx"): the staged copy-on-write is dropped and a request without a
+        session gives its copy-on-write slot back."""
+        if self.cfg.mamba_tree:
+            hybrid.revert_cow(self.pool, req)
+        return "rejected"
+
+    def _op_prefill_chunk(self, op):
+        """The chunked request's next round: cache_unfinished_req(chunked=True) (0.5.23:
+        stash_chunked_request), then get_new_batch_prefill's init_next_round_input() (no
+        re-match; its refresh_fill_ids) and PrefillAdder.add_chunked_req, which sizes the
+        chunk by the fill array, `len(req.full_untruncated_fill_ids)`; then the chunk's
+        prepare_for_extend. The fill array is upstream's own: under U1/U2 a later turn's
+        create_req rewrites a live turn's arrays in place (_share_token_arrays)."""
+        L = self.live[op.rid]
+        prefix, input_len = self._checkpoint_chunk(L)
+        end = chunk_end(prefix, input_len, self.cfg.chunk_size, self.P)
+        if not self._can_alloc_extend(prefix, end):
+            return "oom"
+        self._extend(L, prefix, end)
+        if end == input_len:
+            self._prefill_result(L)
+        return "ok"
+
+    def _checkpoint_chunk(self, L) -> tuple:
+        """cache_unfinished_req(chunked=True) (0.5.23: stash_chunked_request), then
+        init_next_round_input() (no re-match; its refresh_fill_ids): (prefix, the fill
+        array's length, which add_chunked_req sizes the chunk by)."""
+        self._cache_unfinished(L, chunked=True)
+        L.req.init_next_round_input()
+        return self._chunk_prefix(L), len(L.req.full_untruncated_fill_ids)
+
+    def _op_decode(self, op):
+        """prepare_for_decode (alloc_for_decode of the last sampled token's slot), the
+        forward writes that token's KV, then the result appends the sampled token."""
+        L = self.live[op.rid]
+        req = L.req
+        pos = self._lens(req)[0]
+        if not self._can_alloc_decode(pos):
+            return "oom"
+        self._prepare_for_decode(L)
+        self._write_shadow(req, pos, pos + 1)
+        req.output_ids.append(op.token)
+        self._check_finished(L)
+        return "ok"
+
+    def _check_finished(self, L) -> None:
+        """Result processing: a request whose output reaches max_new_tokens finishes in
+        the same step (Req.check_finished -> release_kv_cache)."""
+        if len(L.req.output_ids) >= L.req.sampling_params.max_new_tokens:
+            self._finish(L)
+
+    def _op_spec_decode(self, op):
+        """Emulated speculative step (the fidelity boundary: upstream's EAGLE worker is
+        not run): over-allocate [allocated, committed + 2*(drafts+1)) like an extend,
+        then accept `accepted` drafts plus the bonus token."""
+        L = self.live[op.rid]
+        req = L.req
+        committed, allocated, _ = self._lens(req)
+        need = committed + 2 * (op.drafts + 1)
+        if need > allocated:
+            if not self._can_alloc_extend(allocated, need):
+                return "oom"
+            self._alloc_range(req, allocated, need)
+            self._set_lens(req, allocated=need)
+        self._swa_decode_step(L)
+        req.output_ids.extend([op.token] * (op.accepted + 1))
+        self._set_lens(req, committed=committed + op.accepted + 1)
+        self._write_shadow(req, committed, committed + op.accepted + 1)
+        self._check_finished(L)
+        return "ok"
+
+    def _op_finish(self, op):
+        """process_batch_result_decode for a finished request: the finish reason, then
+        release_kv_cache."""
+        self._finish(self.live[op.rid])
+        return "ok"
+
+    def _finish(self, L) -> None:
+        """Result processing of a finished request (check_finished), then release."""
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN
+        req = L.req
+        self._lookahead(L)
+        max_new = req.sampling_params.max_new_tokens
+        if len(req.output_ids) >= max_new:
+            req.finished_reason = FINISH_LENGTH(length=max_new)
+        else:
+            req.finished_reason = FINISH_MATCHED_TOKEN(matched=req.output_ids[-1])
+        req.finished_len = min(len(req.output_ids), max_new)
+        self._release(L)
+
+    def _op_abort_queued(self, op):
+        return self._abort_queued(op.rid)
+
+    def _abort_queued(self, rid: int) -> str:
+        """Scheduler.abort_request, waiting-queue branch: the request is popped."""
+        L = self.live.pop(rid)
+        if self.api == "borrow":
+            self._abort_queued_borrow(L)
+        if self.cfg.mamba_slots:            # "For mamba radix cache"
+            hybrid.release_queued_mamba(L.req, self.cache)
+        return "ok"
+
+    def _op_queue_reject(self, op):
+        """Scheduler._add_request_to_queue refuses the request (_set_or_validate_priority
+        or _abort_on_queued_limit): 0.5.15 returns with no cache or session call;
+        0.5.22+ calls _release_aborted_request, as the waiting-queue abort does."""
+        return self._abort_queued(op.rid)
+
+    def _op_pre_abort(self, op):
+        """A fresh request: upstream's own `Req.set_finish_with_abort` (the validation
+        aborts of handle_generate_request; one-token prompt). A retracted one: abort
+        method 3 (`to_finish` only) landed in the iteration that retracted it."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        req = self.live[op.rid].req
+        if req.is_retracted:
+            req.to_finish = FINISH_ABORT()
+        else:
+            req.set_finish_with_abort("kvcheck: pre_abort")
+        return "ok"
+
+    def _op_abort_running(self, op):
+        """abort_request on a running request: to_finish, promoted by
+        update_finish_state at result processing, then release_kv_cache."""
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+        L = self.live[op.rid]
+        L.req.to_finish = FINISH_ABORT()
+        L.req.update_finish_state()
+        self._release(L)
+        return "ok"
+
+    def _op_retract(self, op):
+        """ScheduleBatch.retract_decode for one request."""
+        self._retract(self.live[op.rid])
+        return "ok"
+
+    def _retract(self, L) -> None:
+        """release_req (the real module-level function: release_kv_cache(is_insert=False),
+        evict, reset_for_retract); the request goes back to the waiting queue."""
+        self._lookahead(L)
+        self._release_req(L)
+        L.phase = "queued"
+        L.locked = False
+        L.batch = None
+
+    def _op_decode_round(self, op):
+        """update_running_batch and a decode step over the batch (kvcheck's glue, the
+        same steps as upstream's `check_decode_mem`, `retract_decode` and the batch's
+        `prepare_for_decode`): the batch's check, victims in retract_decode's order when
+        it fails, one eviction for the batch, then each request's upstream
+        prepare_for_decode (which then evicts nothing), forward and result, in batch
+        order."""
+        batch = [self.live[rid] for rid in op.rids]
+        out = "ok"
+        if not self._decode_mem_fits(batch):
+            batch = self._retract_decode(batch)
+            out = "oom"
+        self._evict_from_tree_cache(len(batch) * self.P)
+        for L in batch:
+            pos = self._lens(L.req)[0]
+            self._prepare_for_decode(L)
+            self._write_shadow(L.req, pos, pos + 1)
+        for L in batch:
+            L.req.output_ids.append(SAMPLED_TOKEN)
+        for L in batch:
+            self._check_finished(L)
+        return out
+
+    def _decode_mem_fits(self, batch: list) -> bool:
+        """ScheduleBatch.check_decode_mem (0.5.15 l.2453, 0.5.23 l.3432): a page for each
+        request whose next token starts one, after evict_from_tree_cache."""
+        need = self.P * sum(1 for L in batch if self._lens(L.req)[0] % self.P == 0)
+        self._evict_from_tree_cache(need)
+        return self.alloc.available_size() >= need
+
+    def _retract_decode(self, batch: list) -> list:
+        """ScheduleBatch.retract_decode (0.5.15 l.2470-2530, 0.5.23 l.3451-3540): the keep
+        order (output length, then the shorter prompt, reversed), one victim at least,
+        more until the rest fits; the last one aborted when even it does not fit."""
+        kept = sorted(batch, key=lambda L: (len(L.req.output_ids), -len(L.req.origin_input_ids)),
+                      reverse=True)
+        first = True
+        while first or not self._decode_mem_fits(kept):
+            if len(kept) == 1:
+                break
+            first = False
+            self._retract(kept.pop())
+        if len(kept) <= 1 and not self._decode_mem_fits(kept):
+            last = kept.pop()           # FINISH_ABORT: released as a retraction, then only
+            self._retract(last)         # an abort output is sent (no session or cache call)
+            self.live.pop(last.rid)
+        return [L for L in batch if any(L is k for k in kept)]
+
+    def _op_close_session(self, op):
+        from sglang.srt.managers.io_struct import CloseSessionReqInput
+        sid = self._sid(op.sid)
+        known = self.ctrl.get(sid) is not None
+        self.ctrl.close(CloseSessionReqInput(session_id=sid))
+        if not known:                   # "session id ... does not exist, cannot delete"
+            return "refused"
+        s = self.ctrl.get(sid)
+        return "deferred" if s is not None and s.close_on_finish else "ok"
+
+    def _op_evict(self, op):
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+        self.cache.evict(EvictParams(num_tokens=op.num_tokens))
+        return "ok"
+
+    # -- era-specific glue -------------------------------------------------------------
+
+    def _lock(self, L) -> None:
+        req = L.req
+        if self.api == "flat":
+            result = self.cache.inc_lock_ref(req.last_node)
+            if self.cfg.swa_window:     # PrefillAdder._req_inc_lock_ref (is_hybrid_swa)
+                req.swa_uuid_for_lock = result.swa_uuid_for_lock
+        else:
+            req.lock = self.cache.lock(req.last_node)
+        L.locked = True
+
+    def _unlock(self, L) -> None:
+        req = L.req
+        if self.api == "flat" and self.cfg.swa_window:
+            from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
+            self.cache.dec_lock_ref(req.last_node,
+                                    DecLockRefParams(swa_uuid_for_lock=req.swa_uuid_for_lock))
+        elif self.api == "flat":
+            self.cache.dec_lock_ref(req.last_node)
+        else:
+            lock = req.lock
+            req.lock = None
+            self.cache.unlock(lock)
+        L.locked = False
+
+    def _extend(self, L, prefix: int, end: int) -> None:
+        """set_extend_range / extend_end, then ScheduleBatch.prepare_for_extend
+        (alloc_for_extend: row, evict, allocator, write_cache_indices)."""
+        req = L.req
+        self._set_extend_range(req, prefix, end)
+        L.batch = self._prepare_for_extend([req])
+        self._write_shadow(req, prefix, end, list(req.get_fill_ids()))
+
+    def _set_extend_range(self, req, prefix: int, end: int) -> None:
+        """What PrefillAdder records for the chunk: set_extend_range / extend_end."""
+        if self.api == "flat" and hasattr(req, "set_extend_range"):
+            req.set_extend_range(prefix, end)
+        elif self.api == "flat":    # 0.5.11-0.5.14: PrefillAdder's fill_len + extend_input_len
+            req.set_extend_input_len(end - prefix)
+            req.fill_len = end
+        else:
+            req.extend_end = end
+
+    def _prepare_for_extend(self, reqs: list):
+        """ScheduleBatch.init_new(reqs).prepare_for_extend(), as get_new_batch_prefill."""
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+        batch = ScheduleBatch.init_new(reqs, self.pool, self.alloc, self.cache,
+                                       self.model_config, False, SpeculativeAlgorithm.NONE)
+        batch.prepare_for_extend()
+        if self.cfg.prefill_aware_swa:  # get_new_batch_prefill: model_runner.prefill_aware_swa
+            for req in reqs:
+                req.kv.swa_evict_floor = req.extend_end
+        return batch
+
+    def _extend_batch(self, batch: list) -> None:
+        """The round's batch through upstream's own `ScheduleBatch.init_new(reqs)
+        .prepare_for_extend()` (alloc_for_extend: rows, one eviction, the allocation,
+        write_cache_indices, each request's session hook); then each request gets a
+        batch of its own (`filter_batch`, upstream's) for the steps after it."""
+        if len(batch) == 1:
+            L, prefix, end, _ = batch[0]
+            self._extend(L, prefix, end)
+            return
+        for L, prefix, end, _ in batch:
+            self._set_extend_range(L.req, prefix, end)
+        whole = self._prepare_for_extend([L.req for L, *_ in batch])
+        for i, (L, prefix, end, _) in enumerate(batch):
+            one = copy.copy(whole)          # filter_batch rebinds the batch's fields
+            one.sampling_info = copy.copy(whole.sampling_info)     # and this one's
+            one.filter_batch(keep_indices=[i])
+            L.batch = one
+            self._write_shadow(L.req, prefix, end, list(L.req.get_fill_ids()))
+
+    def _chunk_prefix(self, L) -> int:
+        return self._prefix_len(L.req)
+
+    def _prefill_result(self, L) -> None:
+        """process_batch_result_prefill: a pre-aborted request finishes here; otherwise
+        one token is sampled and the prompt is cached (cache_unfinished_req)."""
+        req = L.req
+        if req.to_finish is not None:
+            req.update_finish_state()
+            self._release(L)
+            return
+        req.output_ids.append(SAMPLED_TOKEN)
+        if len(req.output_ids) >= req.sampling_params.max_new_tokens:
+            self._finish(L)         # check_finished: released before any cache_unfinished_req
+            return
+        self._cache_unfinished(L, chunked=False)
+        L.phase = "decode"
+
+    def _cache_unfinished(self, L, chunked: bool) -> None:
+        from sglang.srt.mem_cache import common
+        if self.api == "flat":
+            if chunked:
+                common.maybe_cache_unfinished_req(L.req, self.cache, chunked=True)
+            else:
+                common.maybe_cache_unfinished_req(L.req, self.cache)
+        else:
+            common.checkpoint_kv_cache(L.req, self.cache)
+
+    def _release(self, L) -> None:
+        """release_kv_cache; the request leaves the scheduler."""
+        from sglang.srt.mem_cache.common import release_kv_cache
+        if self.api == "flat":
+            release_kv_cache(L.req, self.cache)
+        else:
+            release_kv_cache(L.req, self.cache, checkpoint=True)
+        L.locked = False
+        self.live.pop(L.rid, None)
+
+    def _release_req(self, L) -> None:
+        from sglang.srt.managers import schedule_batch as sb
+        from sglang.srt.server_args import get_global_server_args
+        import inspect
+        params = inspect.signature(sb.release_req).parameters
+        kwargs = dict(req=L.req, remaing_req_count=0, req_to_token_pool=self.pool,
+                      token_to_kv_pool_allocator=self.alloc, tree_cache=self.cache)
+        if "server_args" in params:      # 0.5.15; retired (raises) in 0.5.23
+            kwargs["server_args"] = get_global_server_args()
+        if "hisparse_coordinator" in params:
+            kwargs["hisparse_coordinator"] = None
+        sb.release_req(**kwargs)
+
+    def _abort_queued_borrow(self, L) -> None:
+        """0.5.22+ Scheduler.abort_request, waiting-queue branch: the popped request
+        goes through _release_aborted_request, whose session part is
+        `req.session.abort_req()` (unconditional) for a streaming request."""
+        req = L.req
+        if req.session is not None and getattr(req.session, "streaming", True):
+            req.session.abort_req()
+
+    def _set_lens(self, req, committed=None, allocated=None) -> None:
+        target = req if self.api == "flat" and not self.shared else req.kv
+        if committed is not None:
+            target.kv_committed_len = committed
+        if allocated is not None:
+            (self._flat_record(req) if self.api == "flat" else target).kv_allocated_len = allocated
+
+    def _sync_batch(self, L) -> None:
+        """The scheduler's merge/filter keeps the running batch's per-request tensors in
+        step with the request; one batch per request here, so re-derive them."""
+        import torch
+        b, req = L.batch, L.req
+        committed = self._lens(req)[0]
+        b.seq_lens = torch.tensor([committed], dtype=torch.int64)
+        b.seq_lens_cpu = torch.tensor([committed], dtype=torch.int64)
+        b.orig_seq_lens = torch.tensor([committed], dtype=torch.int32)
+        b.req_pool_indices = torch.tensor([self._row(req)], dtype=torch.int64)
+        if hasattr(b, "req_pool_indices_cpu"):
+            b.req_pool_indices_cpu = torch.tensor([self._row(req)], dtype=torch.int64)
+
+    def _prepare_for_decode(self, L) -> None:
+        self._sync_batch(L)
+        self._stamp_forward_iter(L)
+        L.batch.prepare_for_decode()
+
+    def _stamp_forward_iter(self, L) -> None:
+        """The scheduler's forward counter on the batch (`maybe_evict_swa`'s maintenance
+        step, `forward_iter % SGLANG_SWA_EVICTION_INTERVAL`): one per decode step."""
+        self.forward_iter = getattr(self, "forward_iter", -1) + 1
+        L.batch.forward_iter = self.forward_iter
+
+    def _swa_decode_step(self, L) -> None:
+        """The emulated speculative step's share of prepare_for_decode under SWA:
+        upstream's `ScheduleBatch.maybe_evict_swa` in decode mode, then
+        `decode_batch_idx += 1`."""
+        if not self.cfg.swa_window:
+            return
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+        self._sync_batch(L)
+        self._stamp_forward_iter(L)
+        L.batch.forward_mode = ForwardMode.DECODE
+        L.batch.maybe_evict_swa()
+        L.req.decode_batch_idx += 1
+
+    def _alloc_range(self, req, start: int, end: int) -> None:
+        """Allocate row positions [start, end) with upstream's helpers (alloc_token_slots
+        / alloc_paged_token_slots_extend) and write them into req_to_token."""
+        import torch
+        try:    # 0.5.16+: the allocation helpers moved to mem_cache.allocation
+            from sglang.srt.mem_cache import allocation as common
+        except ImportError:
+            from sglang.srt.mem_cache import common
+        row = self._row(req)
+        n = end - start
+        if self.P == 1:
+            out = common.alloc_token_slots(self.cache, n)
+        else:
+            last = self.pool.req_to_token[row, start - 1:start].to(torch.int64) if start > 0 \
+                else torch.tensor([-1], dtype=torch.int64)
+            pl = torch.tensor([start], dtype=torch.int64)
+            sl = torch.tensor([end], dtype=torch.int64)
+            out = common.alloc_paged_token_slots_extend(
+                tree_cache=self.cache, prefix_lens=pl, prefix_lens_cpu=pl, seq_lens=sl,
+                seq_lens_cpu=sl, last_loc=last, extend_num_tokens=n)
+        self.pool.write((row, slice(start, end)), out.to(torch.int32))
+
+    def _lookahead(self, L) -> None:
+        """Overlap scheduling (and a speculative verify in flight): the step after the
+        last one is already prepared, so the last token's KV exists at finish/retract."""
+        req = L.req
+        if not (self.cfg.overlap or self.cfg.spec_enabled):
+            return
+        committed, allocated, _ = self._lens(req)
+        seqlen = len(req.origin_input_ids) + len(req.output_ids)
+        if committed >= seqlen:
+            return
+        if committed >= allocated:
+            if not self._can_alloc_decode(committed):
+                return
+            self._prepare_for_decode(L)
+        else:
+            self._set_lens(req, committed=committed + 1)
+        self._write_shadow(req, committed, committed + 1)
+
+    # -- observation ------------------------------------------------------------------
