@@ -22,7 +22,8 @@ EXIT_CODES = """exit codes (every command):
   0    nothing found
   1    a finding: a violation, a divergence, a missed planted fault
   2    a usage or input error (one line on stderr, before any work)
-  130  interrupted
+  130  interrupted: Ctrl-C, or a wall-clock safety net (--crosshair-time-limit) that
+       stopped a check before its verdict
   141  the reader of the output went away (e.g. `| head`): stopped there"""
 FAILURES = ROOT / "failures"
 HYPOTHESIS_HOME = ROOT / ".hypothesis"
@@ -42,9 +43,29 @@ def cmd_prove(args) -> int:
     import proofs
     from proofs.cache import cache_at
     res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
-                         cache=cache_at(None if args.no_cache else args.out))
+                         cache=cache_at(None if args.no_cache else args.out),
+                         time_limit=args.crosshair_time_limit)
     print(proofs.report(res))
-    return EXIT_OK if proofs.ok(res) else EXIT_FINDING
+    return proofs_exit(res)
+
+
+def proofs_exit(res) -> int:
+    """0 every verdict as expected; 1 a proof or control not as expected; 130 when the only
+    gap is a unit the wall-clock safety net stopped (no verdict: not a finding)."""
+    import proofs
+    if proofs.ok(res):
+        return EXIT_OK
+    stopped = proofs.interrupted(res)
+    return EXIT_INTERRUPTED if stopped and len(stopped) == sum(not r.ok for r in res) \
+        else EXIT_FINDING
+
+
+def crosshair_time_limit_flag(p) -> None:
+    from proofs.crosshair_check import TIME_LIMIT, TIME_LIMIT_FLAG
+    p.add_argument(TIME_LIMIT_FLAG, type=T.positive_float, default=TIME_LIMIT, metavar="SECONDS",
+                   help="wall-clock safety net for the CrossHair processes, whose verdicts are "
+                        "bounded by path and solver-step counts, not by time; a run it stops "
+                        "is reported as interrupted by the time limit (no verdict, exit 130)")
 
 
 def cmd_explain(args) -> int:
@@ -138,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "check-sglang-VERSION on that release (instead of the spec's, which "
                         "does not depend on the backend)")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
+    crosshair_time_limit_flag(c)
     c.add_argument("--jobs", type=T.positive_int, default=None,
                    help="parts run in this many processes at once, the exploration one process "
                         "per scope (1: one part after another, output as it comes); None: one "
@@ -211,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", type=T.writable_dir, default=FAILURES,
                     help="output directory; proof results are cached in OUT/.kvcheck-cache")
     _no_cache_flag(pr)
+    crosshair_time_limit_flag(pr)
 
     cv = _command(sub, "coverage", "line and branch coverage of impl/ (or a release's modules) "
                   "by check's runs and a fixed-count fuzz run", "kvcheck coverage --backend "
@@ -225,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from kvcheck import clock
+    clock.start()
     # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME))
     cmd = "kvcheck"

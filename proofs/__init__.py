@@ -14,7 +14,7 @@ import time
 
 from proofs.core import Result
 
-__all__ = ["Result", "run_all", "report", "ok"]
+__all__ = ["Result", "run_all", "report", "ok", "interrupted"]
 
 
 LEMMA_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "proofs/lemmas.py")
@@ -23,19 +23,21 @@ INDUCTION_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "pr
 
 
 def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
-            only: str | None = None) -> list[Result]:
+            only: str | None = None, time_limit: float | None = None) -> list[Result]:
     """Every proof unit; `cache` (proofs.cache.ProofCache) reuses a unit whose covered
-    sources are unchanged since it last passed; `only`: units whose name contains it."""
+    sources are unchanged since it last passed; `only`: units whose name contains it;
+    `time_limit`: CrossHair's wall-clock safety net (None: its default)."""
     from proofs import induction as I
     from proofs import lemmas as L
     from proofs.cache import cached_unit, digest, source_key
-    from proofs.crosshair_check import run_crosshair
+    from proofs.crosshair_check import TIME_LIMIT, run_crosshair
 
     box: list = []
     th = None
     if crosshair:  # CrossHair runs in subprocesses, concurrently with z3
-        th = threading.Thread(target=lambda: box.extend(run_crosshair(cache=cache, only=only)),
-                              daemon=True)
+        limit = TIME_LIMIT if time_limit is None else time_limit
+        th = threading.Thread(target=lambda: box.extend(
+            run_crosshair(limit, cache=cache, only=only)), daemon=True)
         th.start()
     results: list[Result] = []
 
@@ -65,6 +67,11 @@ def ok(results: list[Result]) -> bool:
     return bool(results) and all(r.ok for r in results)
 
 
+def interrupted(results: list[Result]) -> list[Result]:
+    """The units a wall-clock safety net stopped: no verdict either way."""
+    return [r for r in results if r.status == "interrupted"]
+
+
 def _word(r: Result) -> str:
     if r.kind == "crosshair" and r.status == "proved":
         return "checked"
@@ -72,8 +79,8 @@ def _word(r: Result) -> str:
 
 
 def _line(r: Result) -> str:
-    mark = "ok  " if r.ok else "FAIL"
-    exp = "" if r.ok else f" (expected {r.expected})"
+    mark = "ok  " if r.ok else "STOP" if r.status == "interrupted" else "FAIL"
+    exp = "" if r.ok or r.status == "interrupted" else f" (expected {r.expected})"
     took = " cached" if r.cached else f"{r.seconds:6.2f}s"
     s = f"{mark} {_word(r):8s} {took:>7s}  {r.name}{exp}"
     if r.detail and (not r.ok or r.kind in ("control", "crosshair", "induction")):
@@ -92,13 +99,16 @@ def report(results: list[Result]) -> str:
             continue
         lines.append(f"== {title}")
         lines.extend(_line(r) for r in rs)
-    n_bad = sum(not r.ok for r in results)
+    n_stopped = len(interrupted(results))
+    n_bad = sum(not r.ok for r in results) - n_stopped
     total = sum(r.seconds for r in results
                 if not r.name.startswith("crosshair") and not r.cached)
     n_cached = sum(r.cached for r in results)
-    lines.append(f"== {len(results) - n_bad}/{len(results)} as expected"
+    lines.append(f"== {len(results) - n_bad - n_stopped}/{len(results)} as expected"
                  f" ({sum(r.kind == 'lemma' or r.kind == 'induction' for r in results)} proofs, "
                  f"{sum(r.kind == 'control' for r in results)} controls); z3 {total:.1f}s in all"
                  + (f"; {n_cached} reused from the cache (sources unchanged)" if n_cached else "")
-                 + ("" if not n_bad else f"; {n_bad} NOT as expected"))
+                 + ("" if not n_bad else f"; {n_bad} NOT as expected")
+                 + ("" if not n_stopped else f"; {n_stopped} interrupted by the time limit "
+                    "(no verdict)"))
     return "\n".join(lines)
