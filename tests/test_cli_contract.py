@@ -425,13 +425,18 @@ def test_schema_follows_a_field_declaration():
 
 # --- CI formats ----------------------------------------------------------------------
 
+LOWERED_FLOOR = ("import sys; import kvcheck.check as C; C.MIN_EXAMPLES.clear(); "
+                 "from kvcheck.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 @pytest.fixture(scope="module")
 def failing_check(tmp_path_factory):
     """One small `check` whose differential part fails (too few sequences to reach every
-    operation), with every CI format switched on."""
+    operation: the floor `check --examples` keeps is lowered for it), with every CI
+    format switched on."""
     d = tmp_path_factory.mktemp("ci")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true"}
-    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
+    p = subprocess.run([sys.executable, "-c", LOWERED_FLOOR, "check", "--backend", "spec",
                         "--examples", "2", "--skip-explore", "--skip-proofs", "--out", str(d / "f"),
                         "--junit-xml", str(d / "r.xml"), "--json", str(d / "r.json")],
                        capture_output=True, text=True, cwd=d, timeout=300, env=env)
