@@ -3,7 +3,9 @@ Apalache and Quint), one state per step, for the tools that read ITF (itf-py, Qu
 trace viewers). The kvcheck trace stays the input format; this is an export.
 
 The mapping (docs/itf.md says it in full):
-- `#meta`: format, source trace, backend, config, expectation and the failure found.
+- `#meta`: format, source trace, backend, config, expectation, the operations (as in the
+  kvcheck trace, with its #meta as trace_meta, so that `kvcheck replay` reads the ITF
+  file back: `from_itf`) and the failure found.
 - `vars`: step, action, op, outcome, and the abstract state of each side: `spec`, and
   `sut` (the system under test) unless the backend is the spec alone.
 - `states[0]` is the initial state (step -1, action "init"); `states[k+1]` the state
@@ -130,6 +132,7 @@ def itf_trace(trace, res, source: str = "") -> dict:
                        + (f" and {sut} (var sut)" if sut else ""),
         "source": source, "backend": res.backend_name,
         "config": trace.config.to_json(), "expect": trace.expect.to_json(),
+        "ops": [op.to_json() for op in trace.ops], "trace_meta": dict(trace.meta),
         "failure": None if f is None else {
             "id": f.id, "name": f.name, "step": f.step, "side": f.side,
             "violations": [str(v) for v in f.violations], "details": list(f.details)},
@@ -160,3 +163,47 @@ def write_itf(trace, res, out, source: str = "") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(itf_trace(trace, res, str(source)), indent=1) + "\n")
     return path
+
+
+def _plain(v):
+    """An ITF value back in plain JSON: `#bigint` an integer, an optional's variant its
+    value or None."""
+    if isinstance(v, dict) and "#bigint" in v:
+        return int(v["#bigint"])
+    if isinstance(v, dict) and "tag" in v:
+        return None if v.get("value") == UNIT or v["tag"] == "NoValue" else _plain(v["value"])
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def is_itf(data) -> bool:
+    return isinstance(data, dict) and isinstance(data.get("#meta"), dict) \
+        and data["#meta"].get("format") == "ITF"
+
+
+def from_itf(data: dict) -> dict:
+    """The kvcheck trace (as JSON, for kvcheck.trace.parse) of an ITF file `write_itf`
+    wrote: its #meta's config, expectation and operations; an older file without
+    #meta.ops gives the operations of its states (the failing one is missing when its
+    state was left out: #meta.last_state_omitted). Raises ValueError naming what is
+    missing."""
+    meta = data["#meta"]
+    missing = [k for k in ("config", "expect") if k not in meta]
+    if missing:
+        raise ValueError(f"an ITF file without #meta.{missing[0]}: not written by "
+                         "`kvcheck replay --itf`, which records the trace it ran there")
+    ops = meta.get("ops")
+    if ops is None:
+        states = data.get("states")
+        if not isinstance(states, list):
+            raise ValueError("an ITF file without #meta.ops or states")
+        ops = []
+        for st in states[1:]:
+            op = st.get("op") if isinstance(st, dict) else None
+            if not (isinstance(op, dict) and isinstance(op.get("value"), dict)):
+                raise ValueError(f"states[{len(ops) + 1}].op is not an operation variant")
+            ops.append({"op": op.get("tag"), **{k: _plain(v) for k, v in op["value"].items()}})
+    kept = meta.get("trace_meta") if isinstance(meta.get("trace_meta"), dict) else {}
+    return {"#meta": {**kept, "itf": meta.get("source") or "ITF"}, "config": meta["config"],
+            "ops": ops, "expect": meta["expect"]}
