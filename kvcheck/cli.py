@@ -208,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the self-contained HTML report to FILE")
     r.add_argument("--emit-pytest", type=T.writable_file, metavar="OUT.py",
                    help="write a standalone pytest test that replays the trace on --backend")
+    r.add_argument("--emit-style", choices=("fixed", "recorded"), default="fixed",
+                   help="what the --emit-pytest test asserts: fixed, every step passes (it "
+                        "fails while the defect is there, passes once it is fixed; named "
+                        "after the invariant and the operation); recorded, the trace's "
+                        "recorded outcome (a regression corpus entry)")
     r.add_argument("--itf", type=T.writable_file, metavar="FILE",
                    help="write the run as an ITF trace (Apalache/Quint)")
 

@@ -196,7 +196,8 @@ def write_views(args, trace, res: ReplayResult, out=print) -> None:
     if getattr(args, "emit_pytest", None):
         from kvcheck.emit_pytest import write_pytest
         path = _writing("--emit-pytest", args.emit_pytest, lambda: write_pytest(
-            trace, args.emit_pytest, res.backend_name, source=args.trace))
+            trace, args.emit_pytest, res.backend_name, source=args.trace,
+            style=getattr(args, "emit_style", "fixed")))
         out(f"pytest test: {path}")
     if getattr(args, "itf", None):
         from kvcheck.itf import write_itf
