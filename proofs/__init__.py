@@ -14,7 +14,7 @@ import time
 
 from proofs.core import Result
 
-__all__ = ["Result", "run_all", "report", "ok", "interrupted"]
+__all__ = ["Result", "run_all", "report", "ok", "interrupted", "ProofsInterrupted"]
 
 
 LEMMA_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "proofs/lemmas.py")
@@ -46,21 +46,42 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
         for r in rs:            # each result as it completes (verbose: with its detail)
             print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
 
-    lemma_key = source_key(*LEMMA_SOURCES)
-    for lem in L.LEMMAS:
-        name = getattr(lem, "name", str(lem))
-        if only is None or only in name:
-            emit(cached_unit(cache, name, digest(lemma_key, name), lambda lem=lem: L.run_lemma(lem)))
-    induction_key = source_key(*INDUCTION_SOURCES)
-    for name, run in I.units():
-        if only is None or only in name:
-            emit(cached_unit(cache, name, digest(induction_key, name), run))
-    if th is not None:
-        th.join()
-        emit(box)
+    try:
+        lemma_key = source_key(*LEMMA_SOURCES)
+        for lem in L.LEMMAS:
+            name = getattr(lem, "name", str(lem))
+            if only is None or only in name:
+                emit(cached_unit(cache, name, digest(lemma_key, name),
+                                 lambda lem=lem: L.run_lemma(lem)))
+        induction_key = source_key(*INDUCTION_SOURCES)
+        for name, run in I.units():
+            if only is None or only in name:
+                emit(cached_unit(cache, name, digest(induction_key, name), run))
+        if th is not None:
+            th.join()
+            emit(box)
+    except KeyboardInterrupt:
+        if cache is not None:   # the units that finished are not lost
+            cache.save()
+        raise ProofsInterrupted(results, cache) from None
     if cache is not None:
         cache.save()
     return results
+
+
+class ProofsInterrupted(KeyboardInterrupt):
+    """Ctrl-C during run_all: `results` holds the units that finished, whose passing
+    results are saved in `cache` (None without one)."""
+
+    def __init__(self, results: list, cache) -> None:
+        super().__init__()
+        self.results, self.cache = results, cache
+
+    def written(self) -> str:
+        kept = sum(r.ok and not r.cached for r in self.results)
+        if self.cache is None or not self.cache.enabled or not kept:
+            return f"{len(self.results)} units finished; nothing written"
+        return f"{len(self.results)} units finished; {kept} new results saved in {self.cache.path}"
 
 
 def ok(results: list[Result]) -> bool:
