@@ -1584,8 +1584,15 @@ def main(args) -> int:
         print(f"kvcheck explore: error: {e}", file=sys.stderr)
         return 2
     rc = 0
-    for sc in scopes:
-        rc = max(rc, run_scope(sc, args)[0])
+    try:
+        for sc in scopes:
+            rc = max(rc, run_scope(sc, args)[0])
+    except KeyboardInterrupt:
+        from kvcheck.errors import files_written
+        written = files_written(Path(args.out), "*.json")
+        print("kvcheck explore: interrupted; " + (
+            f"traces written: {', '.join(map(str, written))}" if written else "no trace written"))
+        raise
     return rc
 
 

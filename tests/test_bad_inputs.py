@@ -333,6 +333,8 @@ def test_ctrl_c_at_any_moment_exits_130_without_a_traceback(tmp_path, name, argv
     assert p.returncode == 130, (p.returncode, out[-2000:], err[-2000:])
     assert "Traceback" not in err, err[-3000:]
     assert "interrupted" in err.strip().splitlines()[-1], err[-2000:]
+    if name == "explore":                        # what it wrote, here nothing
+        assert "kvcheck explore: interrupted; no trace written" in out, out[-2000:]
 
 
 def test_an_interrupted_prove_keeps_the_units_that_finished(tmp_path):
@@ -382,3 +384,21 @@ def test_the_table_has_at_least_150_rows():
     rows = (len(BAD_ARGS) + len(BAD_TRACES) + len(ENV_CASES) + len(CUDA_CASES) + len(ARG_CASES)
             + 1 + len(FILE_CASES) + len(INTERRUPTS) + 3)
     assert rows >= 150, rows
+
+
+def test_what_an_interrupted_command_lists_as_written(tmp_path, monkeypatch):
+    """Files under the output folder written since the command started, hidden folders
+    (the proof cache) left out."""
+    from kvcheck import clock
+    from kvcheck.errors import files_written
+    old = tmp_path / "old.json"
+    old.write_text("{}")
+    os.utime(old, (1, 1))
+    monkeypatch.setattr(clock, "STARTED_WALL", time.time())
+    (tmp_path / "new.json").write_text("{}")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "deep.json").write_text("{}")
+    (tmp_path / ".kvcheck-cache").mkdir()
+    (tmp_path / ".kvcheck-cache" / "proofs.json").write_text("{}")
+    assert files_written(tmp_path, "*.json") == [tmp_path / "new.json", tmp_path / "sub" / "deep.json"]
+    assert files_written(tmp_path / "missing") == []
