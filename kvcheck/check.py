@@ -520,7 +520,8 @@ def cmd_check(args) -> int:
     beyond = next((r.extra["beyond"] for r in results if "beyond" in r.extra), {})
     write_reports(cases, wall, args.junit_xml, args.json, backend=args.backend,
                   examples=args.examples, beyond=beyond, jobs=jobs, compiled=compiled,
-                  interrupted=interrupted, parts_planned=len(parts),
+                  interrupted=interrupted, parts_planned=len(parts) + any(
+                      p.name.startswith("exhaustive exploration: ") for p in parts),
                   seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
     if interrupted:
         print("kvcheck check: interrupted", file=sys.stderr)
