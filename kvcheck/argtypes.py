@@ -98,9 +98,17 @@ def _probe_writable(directory: Path) -> None:
         raise argparse.ArgumentTypeError(f"{directory} is not writable ({e.strerror})") from None
 
 
+def _named(text: str, what: str) -> None:
+    if not text or not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a {what}, got {text!r}")
+    if "\0" in text:
+        raise argparse.ArgumentTypeError(f"a {what} name cannot hold a NUL byte, got {text!r}")
+
+
 def writable_dir(text: str) -> Path:
     """A folder that exists and is writable, or one that can be created (nothing is
     created here)."""
+    _named(text, "folder")
     path = Path(text).expanduser()
     base = _nearest_existing(path.absolute())
     if base == path.absolute() and not base.is_dir():
@@ -113,6 +121,7 @@ def writable_dir(text: str) -> Path:
 
 def writable_file(text: str) -> Path:
     """A file path whose folder exists and is writable (the file is replaced)."""
+    _named(text, "file")
     path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
@@ -131,4 +140,4 @@ def accept_flag(p) -> None:
                    help="recorded upstream findings (docs/upstream-findings.md) whose behaviour "
                         "the spec takes, so a run drives their paths (a sequence they take past "
                         "the model stops being compared and is counted in the report); spec or "
-                        "sglang backends only (None: the fixed behaviour)")
+                        "sglang backends only (default: none, the fixed behaviour)")

@@ -131,6 +131,14 @@ def parse_accept(text: str | None, name: str) -> tuple:
     return ids
 
 
+def display_name(name: str) -> str:
+    """The name `resolve` gives a backend, without importing it (impl/ imports torch)."""
+    if name in ("spec", "impl"):
+        return name
+    version = release_version(name)
+    return f"sglang-{version}" if version else "sglang"
+
+
 def resolve(name: str) -> tuple[Optional[Callable], str]:
     """(factory(cfg) -> Backend, or None for the spec alone; display name)."""
     if name == "spec":
@@ -147,6 +155,6 @@ def resolve(name: str) -> tuple[Optional[Callable], str]:
                 return make_backend(cfg, version)
             except SglangUnavailable as e:
                 raise BackendError(str(e)) from None
-        return factory, f"sglang-{version}" if version else "sglang"
+        return factory, display_name(name)
     raise BackendError(f"unknown backend {name!r}: use spec, impl, sglang, sglang:VERSION "
                        "or sglang-VERSION")

@@ -3,6 +3,7 @@ exhaustive exploration and the proofs, each reported as a part."""
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +100,14 @@ def load_corpus(paths) -> list:
 
 CHECK_SEED = 0
 """The differential part's campaign seed (fixed: `make check` is reproducible)."""
+MIN_EXAMPLES = {"walk": 10, "guided": 60, "hypothesis": 5}
+"""The fewest sequences with which each engine's run from CHECK_SEED reaches every
+operation and path the differential part requires (tests/test_check_budget.py checks
+it): `check --examples` below it is a usage error, not a finding."""
+
+
+def min_examples(engine: str) -> int:
+    return MIN_EXAMPLES.get(engine, 1)
 
 
 def differential_part(backend: str, out, examples: int, engine: str, accept=(),
@@ -155,6 +164,7 @@ class Part:
     name: str
     fn: Callable
     args: tuple = ()
+    quick: bool = False     # finds most defects in seconds: run first, one at a time
 
 
 @dataclass
@@ -167,6 +177,12 @@ class PartResult:
     output: str = ""                              # captured stdout (worker processes)
     extra: dict = field(default_factory=dict)     # e.g. the differential run's beyond
     cpu: float = 0.0                              # CPU seconds of the process that ran it
+    finished: float = 0.0                         # seconds from the command's start
+
+    @property
+    def stopped(self) -> bool:
+        """Stopped by a wall-clock safety net before its verdict: not a finding."""
+        return bool(self.extra.get("interrupted"))
 
 
 def _trace_case(part: str, cases: list):
@@ -261,26 +277,38 @@ def unreached_goals(goals: list) -> list:
     return sorted({g for x in goals for g in x["missed"]} - reached)
 
 
-def proofs_part(name: str, out: Optional[Path]):
+def proofs_part(name: str, out: Optional[Path], time_limit: Optional[float] = None):
     from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
-    res = proofs.run_all(verbose=False, cache=cache_at(out))
+    from kvcheck.proofs.crosshair_check import TIME_LIMIT_FLAG
+    res = proofs.run_all(verbose=False, cache=cache_at(out), time_limit=time_limit)
     print(proofs.report(res))
     reused = sum(r.cached for r in res)
-    return proofs.ok(res), (f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
-                            + (f" ({reused} reused: covered sources unchanged; --no-cache "
-                               "reruns them)" if reused else "")), []
+    stopped = proofs.interrupted(res)
+    failed = [r for r in res if not r.ok and r not in stopped]
+    detail = (f"{sum(r.ok for r in res)}/{len(res)} lemmas and controls as expected"
+              + (f" ({reused} reused: covered sources unchanged; --no-cache "
+                 "reruns them)" if reused else ""))
+    if failed:
+        detail = f"{failed[0].name}: {failed[0].status} (expected {failed[0].expected}); " + detail
+    if stopped:
+        detail = (f"interrupted by the time limit before a verdict: "
+                  f"{', '.join(r.name for r in stopped)} (raise {TIME_LIMIT_FLAG}); " + detail)
+    return proofs.ok(res), detail, [], {"interrupted": len(stopped) if not failed else 0}
 
 
-def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
+def run_part(part: Part, capture: bool, planted: tuple = (), started: tuple = ()) -> PartResult:
     """One part, timed; an exception is the part's failure, not the run's (the other parts
     go on). `capture`: its stdout is kept in the result (a worker process) instead of
     printed as it comes. `planted`: impl/ faults switched on in the driver, which a worker
-    process does not inherit."""
+    process does not inherit; `started`: the driver's kvcheck.clock.stamp()."""
     import contextlib
     import io
 
     from kvcheck.impl import faults
+    from kvcheck import clock
+    if started:
+        clock.set_start(*started)
     buf = io.StringIO()
     t0, c0 = time.monotonic(), time.process_time()
     with contextlib.redirect_stdout(buf) if capture else contextlib.nullcontext(), \
@@ -292,7 +320,7 @@ def run_part(part: Part, capture: bool, planted: tuple = ()) -> PartResult:
         except Exception as e:  # report, keep going with the other parts
             ok, detail, cases, extra = False, f"{type(e).__name__}: {e}", [], []
     return PartResult(part.name, ok, time.monotonic() - t0, detail, cases, buf.getvalue(),
-                      extra[0] if extra else {}, time.process_time() - c0)
+                      extra[0] if extra else {}, time.process_time() - c0, clock.since_start())
 
 
 def compiled_build() -> Optional[str]:
@@ -305,27 +333,61 @@ def compiled_build() -> Optional[str]:
     return None
 
 
+class PartsInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `run_parts`: `results` holds the parts that had finished."""
+
+    def __init__(self, results: list) -> None:
+        super().__init__()
+        self.results = results
+
+
+def schedule(parts: list) -> list:
+    """The indices of `parts` in the order they start: the quick ones (the differential,
+    the corpus, the planted faults: they find most defects, in seconds) first, then the
+    rest in list order (longest first)."""
+    return ([i for i, p in enumerate(parts) if p.quick]
+            + [i for i, p in enumerate(parts) if not p.quick])
+
+
 def run_parts(parts: list, jobs: int, show, compiled: bool = False) -> list:
-    """Every part, in `jobs` processes (1: inline, each part's output as it comes). Parts
-    are handed out in list order (the longest first), and each is shown by `show(result)`
-    as it finishes; the results come back in list order whatever the finishing order.
-    Ctrl-C stops the workers and raises KeyboardInterrupt after what had finished."""
+    """Every part, in `jobs` processes (1: inline, each part's output as it comes): the
+    quick parts one after another in one process from the start, the long ones in the
+    others, then in every process as it frees up; each result is shown by `show(result)`
+    as it finishes. The results come back in list order whatever the finishing order.
+    Ctrl-C stops the workers and raises PartsInterrupted with what had finished."""
+    from kvcheck import clock
+    order = schedule(parts)
+    done: dict = {}
     if jobs <= 1 or len(parts) <= 1:
-        out = []
-        for p in parts:
-            print(f"== {p.name}", flush=True)
-            out.append(run_part(p, capture=False))
-            show(out[-1])
-        return out
+        try:
+            for i in order:
+                print(f"== {parts[i].name}", flush=True)
+                done[i] = run_part(parts[i], capture=False)
+                show(done[i])
+        except KeyboardInterrupt:
+            raise PartsInterrupted(_in_order(done)) from None
+        return _in_order(done)
     from functools import partial
 
     from kvcheck.impl import faults
     from kvcheck.procs import WorkerPool, check_worker
-    pool = WorkerPool(min(jobs, len(parts)), setup=partial(check_worker, compiled))
-    done: dict = {}
+    workers = min(jobs, len(parts))
+    pool = WorkerPool(workers, setup=partial(check_worker, compiled))
+    quick = [i for i in order if parts[i].quick]
+    slow = [i for i in order if not parts[i].quick]
     try:
         planted = tuple(sorted(faults.ACTIVE))
-        pending = {pool.submit(run_part, p, True, planted): i for i, p in enumerate(parts)}
+        pending: dict = {}
+
+        def refill() -> None:       # one quick part at a time while long ones wait
+            while len(pending) < workers:
+                quick_running = any(parts[i].quick for i in pending.values())
+                todo = quick if quick and (not quick_running or not slow) else slow
+                if not todo:
+                    return
+                i = todo.pop(0)
+                pending[pool.submit(run_part, parts[i], True, planted, clock.stamp())] = i
+        refill()
         while pending:
             fin, _ = pool.wait(list(pending), timeout=1.0)
             for f in fin:
@@ -334,21 +396,30 @@ def run_parts(parts: list, jobs: int, show, compiled: bool = False) -> list:
                 print(f"== {parts[i].name}", flush=True)
                 print(done[i].output, end="", flush=True)
                 show(done[i])
+            refill()
+    except KeyboardInterrupt:
+        raise PartsInterrupted(_in_order(done)) from None
     finally:
         pool.shutdown()
-    return [done[i] for i in range(len(parts))]
+    return _in_order(done)
+
+
+def _in_order(done: dict) -> list:
+    return [done[i] for i in sorted(done)]
 
 
 def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
-    """`kvcheck check`'s parts, the longest first (the order they are handed to workers)."""
+    """`kvcheck check`'s parts: the long ones longest first, the quick ones (`schedule`
+    starts them first) differential first: it finds most defects."""
     from kvcheck import explore as X
-    from kvcheck.backends import resolve
+    from kvcheck.backends import display_name
     from kvcheck.engines import DEFAULT_ENGINE
     engine = getattr(args, "engine", DEFAULT_ENGINE)
     parts = []
     if not args.skip_proofs:    # first: about 20 s when its cache is cold, instant when warm
         no_cache = getattr(args, "no_cache", False)
-        parts.append(Part("proofs", proofs_part, (None if no_cache else Path(args.out),)))
+        parts.append(Part("proofs", proofs_part, (None if no_cache else Path(args.out),
+                                                  getattr(args, "crosshair_time_limit", None))))
     preset = differential_preset(args.backend)
     on_release = preset is not None and args.backend != "impl"
     if not args.skip_explore and not on_release:    # the spec's: the same for every backend
@@ -356,16 +427,17 @@ def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
                        (CHECK_PRESET, sc.name, Path(args.out)))
                   for sc in X.PRESETS[CHECK_PRESET]]
     parts.append(Part(f"differential state machine ({args.examples} sequences)", differential_job,
-                      (args.backend, args.out, args.examples, engine, accept)))
+                      (args.backend, args.out, args.examples, engine, accept), quick=True))
     if not args.skip_explore and preset is not None:
-        what = resolve(args.backend)[1]
+        what = display_name(args.backend)
         parts += [Part(f"exhaustive differential (every transition, spec vs {what}): {sc.name}",
                        explore_part, (preset, sc.name, Path(args.out), args.backend, accept))
                   for sc in X.PRESETS[preset]]
     parts.append(Part("regression corpus (DOMAIN.md scenarios and found failures)", corpus_part,
-                      (tuple(corpus_paths), args.backend)))
+                      (tuple(corpus_paths), args.backend), quick=True))
     if args.backend == "impl":
-        parts.append(Part("checker self-test corpus (planted faults in impl/)", planted_part))
+        parts.append(Part("checker self-test corpus (planted faults in impl/)", planted_part,
+                          quick=True))
     return parts
 
 
@@ -379,9 +451,11 @@ def _report_rank(name: str) -> int:
 
 
 def cmd_check(args) -> int:
+    from kvcheck import clock
     from kvcheck.backends import parse_accept
     from kvcheck.ciformat import Case, write_reports
     from kvcheck.engines import DEFAULT_ENGINE
+    from kvcheck.errors import files_written
     from kvcheck.procs import usable_cores
     accept = parse_accept(args.accept, args.backend)       # a usage error: exit 2, no work
     corpus_paths = [REGRESSIONS]
@@ -394,37 +468,63 @@ def cmd_check(args) -> int:
     compiled = jobs > 1 and why_not is None
     if jobs > 1:
         print(f"kvcheck check: {len(parts)} parts in {min(jobs, len(parts))} processes "
-              "(--jobs 1: one at a time); each part is shown when it finishes; the spec "
+              "(--jobs 1: one at a time), the quick ones (differential, corpus, planted "
+              "faults) first; each part is shown when it finishes; the spec "
               + ("compiled (make cython's build, fresh)" if compiled else
                  f"interpreted ({why_not})"), flush=True)
 
     def show(r: PartResult) -> None:
-        print(f"   {'ok' if r.ok else 'FAILED'} ({r.seconds:.1f} s) {r.detail}", flush=True)
+        word = "ok" if r.ok else "INTERRUPTED" if r.stopped else "FAILED"
+        print(f"   {word} ({r.seconds:.1f} s, done {r.finished:.1f} s after the start) "
+              f"{r.detail}", flush=True)
 
-    t0 = time.monotonic()
-    results = run_parts(parts, jobs, show, compiled)
+    try:
+        results, interrupted = run_parts(parts, jobs, show, compiled), False
+    except PartsInterrupted as e:
+        results, interrupted = e.results, True
     goals = [r.extra["goals"] for r in results if "goals" in r.extra]
-    if goals:                   # a goal is met when any scope of the preset reaches it
+    if goals and not interrupted:   # a goal is met when any scope of the preset reaches it
         gaps = unreached_goals(goals)
         results.append(PartResult(
             "exhaustive exploration: reachability goals", not gaps, 0.0,
             f"NOT REACHED by any scope: {', '.join(gaps)}" if gaps else
             f"every operation and situation that applies to a scope reached by one of the "
-            f"{len(goals)} scopes"))
+            f"{len(goals)} scopes", finished=clock.since_start()))
         print(f"== {results[-1].name}", flush=True)
         show(results[-1])
     results.sort(key=lambda r: _report_rank(r.name))
-    wall = time.monotonic() - t0
+    wall = clock.since_start()
     cases = []
     for r in results:
         cases += r.cases + [Case.part(r.name, r.ok, r.seconds, r.detail, cpu=r.cpu)]
-    failed = [r for r in results if not r.ok]
+    failed = [r for r in results if not r.ok and not r.stopped]
+    stopped = [r for r in results if r.stopped]
     busy, cpu = sum(r.seconds for r in results), sum(r.cpu for r in results)
-    print(f"\nkvcheck check: {len(results) - len(failed)}/{len(results)} parts passed in "
-          f"{wall:.1f} s" + (f" ({busy:.1f} s of parts, {cpu:.1f} CPU-s, in "
-                             f"{min(jobs, len(parts))} processes)" if jobs > 1 else ""))
+    counted = (f"{len(results) - len(failed) - len(stopped)}/{len(results)} parts passed"
+               if not interrupted else
+               f"INTERRUPTED after {len(results)} of {len(parts)} parts "
+               f"({len(results) - len(failed) - len(stopped)} passed)")
+    print(f"\nkvcheck check: {counted} in {wall:.1f} s from the start"
+          + (f" ({busy:.1f} s of parts, {cpu:.1f} CPU-s, in "
+             f"{min(jobs, len(parts))} processes)" if jobs > 1 else ""))
+    for r in stopped:
+        print(f"  INTERRUPTED {r.name}: {r.detail.splitlines()[0]}")
+    for r in failed:
+        print(f"  FAILED {r.name}: {r.detail.splitlines()[0]}")
+        for t in Case.part(r.name, r.ok, r.seconds, r.detail).traces:
+            print(f"    trace: {t}")
+    if interrupted:
+        written = files_written(Path(args.out), "*.json")
+        print(f"  traces written: {', '.join(map(str, written))}" if written else
+              "  no trace written")
     beyond = next((r.extra["beyond"] for r in results if "beyond" in r.extra), {})
     write_reports(cases, wall, args.junit_xml, args.json, backend=args.backend,
                   examples=args.examples, beyond=beyond, jobs=jobs, compiled=compiled,
+                  interrupted=interrupted, parts_planned=len(parts) + any(
+                      p.name.startswith("exhaustive exploration: ") for p in parts),
                   seeds={"differential": f"seed {CHECK_SEED}, {getattr(args, 'engine', DEFAULT_ENGINE)} engine"})
+    if interrupted:
+        print("kvcheck check: interrupted", file=sys.stderr)
+    if interrupted or (stopped and not failed):
+        return 130
     return 1 if failed else 0

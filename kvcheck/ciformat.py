@@ -60,7 +60,7 @@ def junit_xml(cases: list, total_seconds: float) -> str:
 def json_summary(cases: list, total_seconds: float, **run) -> str:
     parts = [c for c in cases if c.suite == "parts"]
     return json.dumps({
-        "ok": all(c.ok for c in cases),
+        "ok": all(c.ok for c in cases) and not run.get("interrupted"),
         "seconds": round(total_seconds, 3),
         **run,
         "parts": [{"name": c.name, "ok": c.ok, "seconds": round(c.seconds, 3),

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from kvcheck import argtypes as T
 from kvcheck.backends import BackendError
-from kvcheck.engines import DEFAULT_ENGINE, ENGINES
-from kvcheck.errors import UsageError
+from kvcheck.engines import DEFAULT_ENGINE, ENGINES, ENGINES_HELP
+from kvcheck.errors import ROOT, UsageError
 from kvcheck.shrink import DEFAULT_REPLAYS
 
 EXIT_OK, EXIT_FINDING, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_PIPE = 0, 1, 2, 130, 141
@@ -23,7 +23,8 @@ EXIT_CODES = """exit codes (every command):
   0    nothing found
   1    a finding: a violation, a divergence, a missed planted fault
   2    a usage or input error (one line on stderr, before any work)
-  130  interrupted
+  130  interrupted: Ctrl-C, or a wall-clock safety net (--crosshair-time-limit) that
+       stopped a check before its verdict
   141  the reader of the output went away (e.g. `| head`): stopped there"""
 FAILURES = Path("failures")
 HYPOTHESIS_HOME = Path(".hypothesis")
@@ -42,10 +43,34 @@ def cmd_coverage(args) -> int:
 def cmd_prove(args) -> int:
     from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
-    res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
-                         cache=cache_at(None if args.no_cache else args.out))
+    try:
+        res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
+                             cache=cache_at(None if args.no_cache else args.out),
+                             time_limit=args.crosshair_time_limit)
+    except proofs.ProofsInterrupted as e:
+        print(f"kvcheck prove: interrupted: {e.written()}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(proofs.report(res))
-    return EXIT_OK if proofs.ok(res) else EXIT_FINDING
+    return proofs_exit(res)
+
+
+def proofs_exit(res) -> int:
+    """0 every verdict as expected; 1 a proof or control not as expected; 130 when the only
+    gap is a unit the wall-clock safety net stopped (no verdict: not a finding)."""
+    from kvcheck import proofs
+    if proofs.ok(res):
+        return EXIT_OK
+    stopped = proofs.interrupted(res)
+    return EXIT_INTERRUPTED if stopped and len(stopped) == sum(not r.ok for r in res) \
+        else EXIT_FINDING
+
+
+def crosshair_time_limit_flag(p) -> None:
+    from kvcheck.proofs.crosshair_check import TIME_LIMIT, TIME_LIMIT_FLAG
+    p.add_argument(TIME_LIMIT_FLAG, type=T.positive_float, default=TIME_LIMIT, metavar="SECONDS",
+                   help="wall-clock safety net for the CrossHair processes, whose verdicts are "
+                        "bounded by path and solver-step counts, not by time; a run it stops "
+                        "is reported as interrupted by the time limit (no verdict, exit 130)")
 
 
 def cmd_explain(args) -> int:
@@ -65,9 +90,7 @@ def _add_campaign_flags(p) -> None:
     p.add_argument("--rounds", type=T.positive_int, default=None,
                    help="count budget: N sequences (same seed and count: byte-identical "
                         "failure files on any machine)")
-    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                   help="walk (seeded random walk with swarm testing) or hypothesis "
-                        "(the Hypothesis state machine)")
+    p.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE, help=ENGINES_HELP)
     p.add_argument("--workers", type=T.positive_int, default=1, help="local worker processes")
     p.add_argument("--shrink-replays", type=T.nonnegative_int, default=DEFAULT_REPLAYS,
                    help="shrinking budget in replays of the trace (0: no shrinking)")
@@ -82,8 +105,21 @@ def _no_cache_flag(p) -> None:
 
 # ---------------------------------------------------------------------------
 
-class Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown after each option's help; descriptions and examples kept as written."""
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Each option's default stated once: after its help, unless the help says it (its
+    own "default: ...") or there is none to state (None, a flag that is off);
+    descriptions and examples kept as written."""
+
+    def _get_help_string(self, action):
+        return help_with_default(action)
+
+
+def help_with_default(action) -> str:
+    text = action.help or ""
+    if "default" in text or action.default in (None, False, argparse.SUPPRESS) \
+            or action.default == [] or not action.option_strings:
+        return text
+    return text + " (default: %(default)s)"
 
 
 class Parser(argparse.ArgumentParser):
@@ -115,12 +151,13 @@ def _backend_flag(p, default="impl", what="system under test"):
 
 def build_parser() -> argparse.ArgumentParser:
     from kvcheck.check import cmd_check
+    from kvcheck.preflight import environment_help
     from kvcheck.replay_cmd import cmd_replay
     from kvcheck.selftest import cmd_fuzz, cmd_selftest
 
     p = Parser(prog="kvcheck", formatter_class=Formatter,
                description="Model checker for the KV-cache bookkeeping of SGLang streaming sessions.",
-               epilog=EXIT_CODES + "\n\nfailure ids in reports: I* spec invariants, C* concrete "
+               epilog=EXIT_CODES + "\n\n" + environment_help() + "\n\nfailure ids in reports: I* spec invariants, C* concrete "
                       "checks, L* upstream leak checks, D1/D2 divergence, E1 exception, M1 "
                       "upstream assertion, X1 refused operation; `kvcheck explain ID` says more.")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
@@ -139,9 +176,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "check-sglang-VERSION on that release (instead of the spec's, which "
                         "does not depend on the backend)")
     c.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair proofs")
+    crosshair_time_limit_flag(c)
     c.add_argument("--jobs", type=T.positive_int, default=None,
                    help="parts run in this many processes at once, the exploration one process "
-                        "per scope (1: one part after another, output as it comes); None: one "
+                        "per scope (1: one part after another, output as it comes); default: one "
                         "per usable core. Results do not depend on it")
     c.add_argument("--interpreted", action="store_true",
                    help="run the spec interpreted even when `make cython` has built it (by "
@@ -149,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "tests/test_compiled.py shows both explore the same states)")
     _no_cache_flag(c)
     c.add_argument("--engine", choices=ENGINES, default=DEFAULT_ENGINE,
-                   help="the differential part's fuzz engine (walk or hypothesis)")
+                   help=f"the differential part's fuzz engine: {ENGINES_HELP}")
     c.add_argument("--junit-xml", type=T.writable_file, metavar="FILE",
                    help="also write a JUnit XML report (one test case per part and per corpus trace)")
     c.add_argument("--json", type=T.writable_file, metavar="FILE",
@@ -159,9 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     f = _command(sub, "fuzz", "randomised differential runs for a time budget",
                  "kvcheck fuzz --seconds 300 --seed 7", cmd_fuzz)
     f.add_argument("--seconds", type=T.positive_float, default=None,
-                   help="time budget; None: 60 s unless --rounds is given")
+                   help="time budget; default: 60 s unless --rounds is given")
     f.add_argument("--seed", type=T.seed, default=None,
-                   help="recorded and printed; rerun with it (None: a random seed)")
+                   help="recorded and printed; rerun with it (default: a random seed)")
     _backend_flag(f)
     f.add_argument("--out", type=T.writable_dir, default=FAILURES, help="where shrunk failure traces go")
     _add_campaign_flags(f)
@@ -174,10 +212,10 @@ def build_parser() -> argparse.ArgumentParser:
                  "kvcheck replay stateful_tests/regressions/worked_example_5_4.json", cmd_replay)
     r.add_argument("trace", help="a trace file (docs/trace.schema.json)")
     r.add_argument("--backend", type=T.backend, default=None,
-                   help=f"{T.BACKENDS_HELP}; None: the trace's recorded upstream release "
+                   help=f"{T.BACKENDS_HELP}; default: the trace's recorded upstream release "
                         "when it names one, else impl")
     r.add_argument("--plant", metavar="FAULT", default=None,
-                   help="switch on a planted fault of impl/faults.py; None: the trace's "
+                   help="switch on a planted fault of impl/faults.py; default: the trace's "
                         "#meta.planted_fault, if any")
     r.add_argument("-q", "--quiet", action="store_true", help="only the verdict")
     r.add_argument("--state", type=int, metavar="N",
@@ -187,13 +225,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the self-contained HTML report to FILE")
     r.add_argument("--emit-pytest", type=T.writable_file, metavar="OUT.py",
                    help="write a standalone pytest test that replays the trace on --backend")
+    r.add_argument("--emit-style", choices=("fixed", "recorded"), default="fixed",
+                   help="what the --emit-pytest test asserts: fixed, every step passes (it "
+                        "fails while the defect is there, passes once it is fixed; named "
+                        "after the invariant and the operation); recorded, the trace's "
+                        "recorded outcome (a regression corpus entry)")
     r.add_argument("--itf", type=T.writable_file, metavar="FILE",
                    help="write the run as an ITF trace (Apalache/Quint)")
 
     s = _command(sub, "selftest", "fuzz against each planted fault in impl/; all must be caught",
                  "kvcheck selftest --seconds 20 free_tail_unaligned", cmd_selftest)
     s.add_argument("--seconds", type=T.positive_float, default=None,
-                   help="budget per fault; None: 60 s unless --rounds is given")
+                   help="budget per fault; default: 60 s unless --rounds is given")
     s.add_argument("--seed", type=T.seed, default=1, help="the fuzz seed for every fault")
     _add_campaign_flags(s)
     s.add_argument("--out", type=T.writable_dir, default=FAILURES / "selftest",
@@ -212,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--out", type=T.writable_dir, default=FAILURES,
                     help="output directory; proof results are cached in OUT/.kvcheck-cache")
     _no_cache_flag(pr)
+    crosshair_time_limit_flag(pr)
 
     cv = _command(sub, "coverage", "line and branch coverage of impl/ (or a release's modules) "
                   "by check's runs and a fixed-count fuzz run", "kvcheck coverage --backend "
@@ -225,7 +269,57 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Sigint:
+    """The handler main() installs first: it notes every Ctrl-C, so that one a library
+    swallowed (z3 answers unknown, an import turns it into a RuntimeError) still ends
+    the command with exit 130, and raises KeyboardInterrupt as Python's own does."""
+
+    def __init__(self) -> None:
+        self.seen = False
+
+    def __call__(self, signum, frame):
+        self.seen = True
+        raise KeyboardInterrupt
+
+    def install(self) -> None:
+        import signal
+        import threading
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:   # e.g. `cmd &`
+            signal.signal(signal.SIGINT, self)
+
+
+def _from_interrupt(e: BaseException) -> bool:
+    """Whether an exception was caused by a Ctrl-C (a KeyboardInterrupt in its chain)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def main(argv=None) -> int:
+    import signal
+
+    from kvcheck import clock
+    clock.start()
+    sigint = _Sigint()
+    old = signal.getsignal(signal.SIGINT)
+    sigint.install()
+    try:
+        rc = _main(argv)
+    finally:
+        if signal.getsignal(signal.SIGINT) is sigint:
+            signal.signal(signal.SIGINT, old)
+    if sigint.seen and rc != EXIT_INTERRUPTED:
+        print("kvcheck: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return rc
+
+
+def _main(argv=None) -> int:
     # Hypothesis keeps its files under the project, never in the directory kvcheck runs from
     os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", str(HYPOTHESIS_HOME.resolve()))
     cmd = "kvcheck"
@@ -243,6 +337,8 @@ def main(argv=None) -> int:
             parser.print_help(sys.stderr)
             return EXIT_USAGE
         cmd = f"kvcheck {args.cmd}"
+        from kvcheck.preflight import preflight
+        preflight(args)
         return args.fn(args)
     except (UsageError, BackendError) as e:
         print(f"{cmd}: error: {e}", file=sys.stderr)
@@ -256,6 +352,11 @@ def main(argv=None) -> int:
         # flush at exit does not raise again
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_PIPE
+    except Exception as e:      # an interrupt a library turned into another error
+        if not _from_interrupt(e):
+            raise
+        print(f"{cmd}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -407,7 +407,7 @@ def add_arguments(p) -> None:
                    help="the fixed-count fuzz run's sequences (0: none)")
     p.add_argument("--seed", type=T.seed, default=FUZZ_SEED, help="the fuzz run's seed")
     p.add_argument("--engine", choices=ENGINES, default=None,
-                   help="the fuzz engine (None: the default engine)")
+                   help="the fuzz engine (default: kvcheck fuzz's, walk)")
     p.add_argument("--no-corpus", action="store_true",
                    help="leave out the regression and planted-fault corpora")
     p.add_argument("--no-exhaustive", action="store_true",
@@ -421,7 +421,7 @@ def add_arguments(p) -> None:
                         "of tests/coverage_baseline.json)")
     p.add_argument("--accept", metavar="U1,U2,...", default=None,
                    help="sglang only: recorded findings whose behaviour the spec takes "
-                        "(None: each release's recorded findings, as make check-sglang)")
+                        "(default: each release's recorded findings, as make check-sglang)")
 
 
 def _accept(args) -> tuple:

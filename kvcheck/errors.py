@@ -15,3 +15,16 @@ UPSTREAM = CORPUS / "upstream"
 
 class UsageError(Exception):
     """Bad arguments or input: reported as one line, exit 2."""
+
+
+def files_written(folder: Path, pattern: str = "*") -> list:
+    """Files under `folder` (recursively) written since the command started
+    (kvcheck.clock): what an interrupted command lists as written."""
+    from kvcheck import clock
+    try:
+        found = [p for p in folder.rglob(pattern)
+                 if p.is_file() and p.stat().st_mtime >= clock.STARTED_WALL - 1e-3
+                 and not any(x.startswith(".") for x in p.relative_to(folder).parts)]
+    except OSError:
+        return []
+    return sorted(found)

@@ -40,11 +40,11 @@ def _word_list(text: str) -> tuple:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default="check", help=f"named scope(s): {', '.join(PRESETS)} "
-                   "(default check); the flags below override its fields")
+                   "(default: check); the flags below override its fields")
     p.add_argument("--list-presets", action="store_true", help="print the presets and exit")
     p.add_argument("--scope", action="append", metavar="NAME",
                    help="only this scope of the preset (repeatable; `--list-presets` names them)")
-    g = p.add_argument_group("scope")
+    g = p.add_argument_group("scope", "each flag defaults to the --preset scope's value")
     g.add_argument("--page-size", type=T.positive_int, help="page_size")
     g.add_argument("--pages", type=T.positive_int, help="num_pages")
     g.add_argument("--rows", type=T.positive_int, help="num_rows")
@@ -86,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="N", help="a BFS level of more than N states is not kept in memory "
                    "but rebuilt by re-executing the parent links when it is expanded (about "
                    "10%% more CPU on such a level; 0: never kept, then the whole search holds "
-                   "about 100 bytes a state); default %(default)s (about 1.5 GB a level)")
+                   "about 100 bytes a state); default: %(default)s (about 1.5 GB a level)")
     b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
     b.add_argument("--out", type=T.writable_dir, default=Path("failures") / "explore",
                    help="directory for counterexample traces")
@@ -248,8 +248,15 @@ def main(args) -> int:
         print(f"kvcheck explore: error: {e}", file=sys.stderr)
         return 2
     rc = 0
-    for sc in scopes:
-        rc = max(rc, run_scope(sc, args)[0])
+    try:
+        for sc in scopes:
+            rc = max(rc, run_scope(sc, args)[0])
+    except KeyboardInterrupt:
+        from kvcheck.errors import files_written
+        written = files_written(Path(args.out), "*.json")
+        print("kvcheck explore: interrupted; " + (
+            f"traces written: {', '.join(map(str, written))}" if written else "no trace written"))
+        raise
     return rc
 
 

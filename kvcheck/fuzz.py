@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from kvcheck import clock
 from kvcheck.backends import planted_upstream
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
@@ -77,6 +78,7 @@ class Found:
     replays: int = 0
     seconds_generated: float = 0.0  # campaign start -> the failing sequence reached the driver
     html: Optional[Path] = None     # the HTML report beside the trace
+    since_start: float = 0.0        # the command's start (kvcheck.clock) -> first report
 
 
 @dataclass
@@ -135,7 +137,7 @@ class FuzzReport:
             how = (f"{f.length} ops, shrunk from {f.original_length}" if f.shrunk else
                    f"{f.length} ops, UNSHRUNK (interrupted while shrinking)")
             lines.append(f"  FAILURE {f.id} on {f.side} at step {f.step} ({how}; first reported "
-                         f"after {f.seconds_to_find:.1f} s): {f.summary}")
+                         f"{f.since_start:.1f} s after the start): {f.summary}")
             lines.append(f"    trace:  {f.path}")
             if f.html is not None:
                 lines.append(f"    report: {f.html}")
@@ -214,7 +216,7 @@ class Console:
 
     def found(self, f: Found) -> None:
         self.line(f"FOUND {f.id} on {f.side} at step {f.step} (sequence {f.index}, "
-                  f"{f.seconds_to_find:.2f} s): {f.summary}", always=True)
+                  f"{f.since_start:.1f} s after the start): {f.summary}", always=True)
         self.line(f"  unshrunk trace ({f.original_length} ops): {f.path}", always=True)
 
     @contextmanager
@@ -426,7 +428,7 @@ class _Driver:
             path = _write(raw.cfg, raw.ops, f, {**meta, "shrunk": False}, self.out_dir / name)
             found = Found(f.id, f.side, f.step, path, len(raw.ops), len(raw.ops),
                           time.monotonic() - self.start, _summary(f), raw.index,
-                          seconds_generated=generated)
+                          seconds_generated=generated, since_start=clock.since_start())
             self.report.found.append(found)
         self.console.found(found)
         found.html = self.companions(found)

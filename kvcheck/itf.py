@@ -3,7 +3,9 @@ Apalache and Quint), one state per step, for the tools that read ITF (itf-py, Qu
 trace viewers). The kvcheck trace stays the input format; this is an export.
 
 The mapping (docs/itf.md says it in full):
-- `#meta`: format, source trace, backend, config, expectation and the failure found.
+- `#meta`: format, source trace, backend, config, expectation, the operations (as in the
+  kvcheck trace, with its #meta as trace_meta, so that `kvcheck replay` reads the ITF
+  file back: `from_itf`) and the failure found.
 - `vars`: step, action, op, outcome, and the abstract state of each side: `spec`, and
   `sut` (the system under test) unless the backend is the spec alone.
 - `states[0]` is the initial state (step -1, action "init"); `states[k+1]` the state
@@ -20,9 +22,9 @@ import json
 from dataclasses import fields
 from pathlib import Path
 
+from kvcheck.itf_read import UNIT, from_itf, is_itf  # noqa: F401  (read back: the core's)
 from kvcheck.spec.abstract import AbstractState
 
-UNIT = "U_OF_UNIT"
 SAFE_INT = 2 ** 53
 
 
@@ -130,6 +132,7 @@ def itf_trace(trace, res, source: str = "") -> dict:
                        + (f" and {sut} (var sut)" if sut else ""),
         "source": source, "backend": res.backend_name,
         "config": trace.config.to_json(), "expect": trace.expect.to_json(),
+        "ops": [op.to_json() for op in trace.ops], "trace_meta": dict(trace.meta),
         "failure": None if f is None else {
             "id": f.id, "name": f.name, "step": f.step, "side": f.side,
             "violations": [str(v) for v in f.violations], "details": list(f.details)},

@@ -80,16 +80,40 @@ def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
     return res
 
 
-def replay_trace(trace, backend_name: str, *, verbose: bool = True, out=print):
+PROGRESS_OPS = 1_000
+"""A quiet replay of a trace longer than this prints a progress line every PROGRESS_S."""
+PROGRESS_S = 5.0
+
+
+def _progress(total: int):
+    """on_step for a quiet replay: 'replay: step N of M' on stderr every PROGRESS_S."""
+    import sys
+    import time
+    t0 = last = time.monotonic()
+
+    def tick(rec, fail, res):
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= PROGRESS_S:
+            last = now
+            print(f"  replay: step {rec.index + 1:,} of {total:,}, {now - t0:.0f} s",
+                  file=sys.stderr, flush=True)
+    return tick
+
+
+def replay_trace(trace, backend_name: str, *, verbose: bool = True, out=print,
+                 progress: bool = False):
     """Run one trace; returns (ReplayResult, matches_expectation). Verbose: print each
-    step as it runs (kvcheck.render)."""
+    step as it runs (kvcheck.render); else, with `progress`, a progress line on stderr
+    every PROGRESS_S for a trace of over PROGRESS_OPS operations."""
     def print_step(rec, fail, res):
         for line in step_report(res, rec, fail):
             out(line)
     if verbose:
         out(f"config: {json.dumps(trace.config.to_json())}")
         out(f"backend: {backend_name}; {len(trace.ops)} operations")
-    res = run_replay(trace, backend_name, print_step if verbose else None)
+    quiet_step = _progress(len(trace.ops)) if progress and len(trace.ops) > PROGRESS_OPS else None
+    res = run_replay(trace, backend_name, print_step if verbose else quiet_step)
     if verbose and res.beyond is not None:
         out(res.beyond.render() + "\n  (nothing was compared from that step on)")
     return res, matches_expectation(trace.expect, res.failure, res.backend_name)

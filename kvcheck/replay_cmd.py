@@ -38,7 +38,8 @@ def write_views(args, trace, res: ReplayResult, out=print) -> None:
     if getattr(args, "emit_pytest", None):
         from kvcheck.emit_pytest import write_pytest
         path = _writing("--emit-pytest", args.emit_pytest, lambda: write_pytest(
-            trace, args.emit_pytest, res.backend_name, source=args.trace))
+            trace, args.emit_pytest, res.backend_name, source=args.trace,
+            style=getattr(args, "emit_style", "fixed")))
         out(f"pytest test: {path}")
     if getattr(args, "itf", None):
         from kvcheck.itf import write_itf
@@ -95,7 +96,7 @@ def cmd_replay(args) -> int:
     try:
         with faults.planted(fault) if fault else contextlib.nullcontext(), \
                 upstream_planted(trace, backend_name):
-            res, matches = replay_trace(trace, backend_name,
+            res, matches = replay_trace(trace, backend_name, progress=True,
                                         verbose=not args.quiet and not views_only(args))
     except BackendError as e:
         raise UsageError(str(e))

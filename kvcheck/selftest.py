@@ -29,6 +29,7 @@ def cmd_fuzz(args) -> int:
                shrink_replays=args.shrink_replays, accept=accept)
     print(rep.render(), flush=True)
     if rep.interrupted:
+        print("kvcheck fuzz: interrupted", file=sys.stderr)
         return INTERRUPTED
     return 1 if rep.found else 0
 
@@ -70,5 +71,6 @@ def cmd_selftest(args) -> int:
                                              for f in caught))
     sys.stdout.flush()
     if interrupted:
+        print("kvcheck selftest: interrupted", file=sys.stderr)
         return INTERRUPTED
     return 0 if len(caught) == len(rows) else 1

@@ -18,6 +18,7 @@ here lets a traceback reach the user.
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -29,6 +30,13 @@ from kvcheck.spec.ops import OpError, op_from_json
 
 class TraceError(ValueError):
     pass
+
+
+MAX_OPS = 100_000
+"""The most operations a trace may hold: a replay runs about 1,000 a second (fuzz's
+traces hold tens; a longer one is a mistake or an attack, not a counterexample)."""
+MAX_BYTES = 64 << 20
+"""The largest trace file read (100,000 operations take about 8 MiB)."""
 
 
 @dataclass
@@ -88,6 +96,16 @@ def failure_trace(cfg: Config, ops, failure, meta: dict) -> Trace:
 def parse(data, where: str = "trace") -> Trace:
     if not isinstance(data, dict):
         raise TraceError(f"{where}: a trace must be a JSON object, got {type(data).__name__}")
+    from kvcheck.itf_read import from_itf, is_itf
+    if is_itf(data):                     # `kvcheck replay --itf`'s output, read back
+        try:
+            data = from_itf(data)
+        except ValueError as e:
+            raise TraceError(f"{where}: {e}") from None
+    if isinstance(data.get("ops"), list) and len(data["ops"]) > MAX_OPS:
+        raise TraceError(f"{where}: ops has {len(data['ops']):,} operations, more than the "
+                         f"{MAX_OPS:,} a replay takes (about {MAX_OPS // 1000} s at 1,000 a "
+                         "second); split the trace or shrink it")
     err = first_error(data)
     if err:
         if err.startswith("trace: missing 'expect'"):
@@ -125,6 +143,18 @@ def _cross_error(cfg: Config, ops: list, exp: Expect):
 
 def load(path) -> Trace:
     path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        raise TraceError(f"{path}: not a regular file (a device, pipe or socket has no end "
+                         "to read to)")
+    if st.st_size > MAX_BYTES:
+        raise TraceError(f"{path}: {st.st_size:,} bytes, more than the {MAX_BYTES:,} a trace "
+                         f"may have (about {MAX_OPS:,} operations)")
     try:
         text = path.read_text()
     except FileNotFoundError:

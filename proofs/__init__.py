@@ -14,7 +14,7 @@ import time
 
 from kvcheck.proofs.core import Result
 
-__all__ = ["Result", "run_all", "report", "ok"]
+__all__ = ["Result", "run_all", "report", "ok", "interrupted", "ProofsInterrupted"]
 
 
 LEMMA_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "proofs/lemmas.py")
@@ -23,19 +23,21 @@ INDUCTION_SOURCES = ("spec/pages.py", "proofs/core.py", "proofs/symexec.py", "pr
 
 
 def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
-            only: str | None = None) -> list[Result]:
+            only: str | None = None, time_limit: float | None = None) -> list[Result]:
     """Every proof unit; `cache` (kvcheck.proofs.cache.ProofCache) reuses a unit whose covered
-    sources are unchanged since it last passed; `only`: units whose name contains it."""
+    sources are unchanged since it last passed; `only`: units whose name contains it;
+    `time_limit`: CrossHair's wall-clock safety net (None: its default)."""
     from kvcheck.proofs import induction as I
     from kvcheck.proofs import lemmas as L
     from kvcheck.proofs.cache import cached_unit, digest, source_key
-    from kvcheck.proofs.crosshair_check import run_crosshair
+    from kvcheck.proofs.crosshair_check import TIME_LIMIT, run_crosshair
 
     box: list = []
     th = None
     if crosshair:  # CrossHair runs in subprocesses, concurrently with z3
-        th = threading.Thread(target=lambda: box.extend(run_crosshair(cache=cache, only=only)),
-                              daemon=True)
+        limit = TIME_LIMIT if time_limit is None else time_limit
+        th = threading.Thread(target=lambda: box.extend(
+            run_crosshair(limit, cache=cache, only=only)), daemon=True)
         th.start()
     results: list[Result] = []
 
@@ -44,25 +46,51 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
         for r in rs:            # each result as it completes (verbose: with its detail)
             print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
 
-    lemma_key = source_key(*LEMMA_SOURCES)
-    for lem in L.LEMMAS:
-        name = getattr(lem, "name", str(lem))
-        if only is None or only in name:
-            emit(cached_unit(cache, name, digest(lemma_key, name), lambda lem=lem: L.run_lemma(lem)))
-    induction_key = source_key(*INDUCTION_SOURCES)
-    for name, run in I.units():
-        if only is None or only in name:
-            emit(cached_unit(cache, name, digest(induction_key, name), run))
-    if th is not None:
-        th.join()
-        emit(box)
+    try:
+        lemma_key = source_key(*LEMMA_SOURCES)
+        for lem in L.LEMMAS:
+            name = getattr(lem, "name", str(lem))
+            if only is None or only in name:
+                emit(cached_unit(cache, name, digest(lemma_key, name),
+                                 lambda lem=lem: L.run_lemma(lem)))
+        induction_key = source_key(*INDUCTION_SOURCES)
+        for name, run in I.units():
+            if only is None or only in name:
+                emit(cached_unit(cache, name, digest(induction_key, name), run))
+        if th is not None:
+            th.join()
+            emit(box)
+    except KeyboardInterrupt:
+        if cache is not None:   # the units that finished are not lost
+            cache.save()
+        raise ProofsInterrupted(results, cache) from None
     if cache is not None:
         cache.save()
     return results
 
 
+class ProofsInterrupted(KeyboardInterrupt):
+    """Ctrl-C during run_all: `results` holds the units that finished, whose passing
+    results are saved in `cache` (None without one)."""
+
+    def __init__(self, results: list, cache) -> None:
+        super().__init__()
+        self.results, self.cache = results, cache
+
+    def written(self) -> str:
+        kept = sum(r.ok and not r.cached for r in self.results)
+        if self.cache is None or not self.cache.enabled or not kept:
+            return f"{len(self.results)} units finished; nothing written"
+        return f"{len(self.results)} units finished; {kept} new results saved in {self.cache.path}"
+
+
 def ok(results: list[Result]) -> bool:
     return bool(results) and all(r.ok for r in results)
+
+
+def interrupted(results: list[Result]) -> list[Result]:
+    """The units a wall-clock safety net stopped: no verdict either way."""
+    return [r for r in results if r.status == "interrupted"]
 
 
 def _word(r: Result) -> str:
@@ -72,8 +100,8 @@ def _word(r: Result) -> str:
 
 
 def _line(r: Result) -> str:
-    mark = "ok  " if r.ok else "FAIL"
-    exp = "" if r.ok else f" (expected {r.expected})"
+    mark = "ok  " if r.ok else "STOP" if r.status == "interrupted" else "FAIL"
+    exp = "" if r.ok or r.status == "interrupted" else f" (expected {r.expected})"
     took = " cached" if r.cached else f"{r.seconds:6.2f}s"
     s = f"{mark} {_word(r):8s} {took:>7s}  {r.name}{exp}"
     if r.detail and (not r.ok or r.kind in ("control", "crosshair", "induction")):
@@ -92,13 +120,16 @@ def report(results: list[Result]) -> str:
             continue
         lines.append(f"== {title}")
         lines.extend(_line(r) for r in rs)
-    n_bad = sum(not r.ok for r in results)
+    n_stopped = len(interrupted(results))
+    n_bad = sum(not r.ok for r in results) - n_stopped
     total = sum(r.seconds for r in results
                 if not r.name.startswith("crosshair") and not r.cached)
     n_cached = sum(r.cached for r in results)
-    lines.append(f"== {len(results) - n_bad}/{len(results)} as expected"
+    lines.append(f"== {len(results) - n_bad - n_stopped}/{len(results)} as expected"
                  f" ({sum(r.kind == 'lemma' or r.kind == 'induction' for r in results)} proofs, "
                  f"{sum(r.kind == 'control' for r in results)} controls); z3 {total:.1f}s in all"
                  + (f"; {n_cached} reused from the cache (sources unchanged)" if n_cached else "")
-                 + ("" if not n_bad else f"; {n_bad} NOT as expected"))
+                 + ("" if not n_bad else f"; {n_bad} NOT as expected")
+                 + ("" if not n_stopped else f"; {n_stopped} interrupted by the time limit "
+                    "(no verdict)"))
     return "\n".join(lines)

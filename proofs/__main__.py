@@ -22,10 +22,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "failures",
                     help="output directory; the cache is OUT/.kvcheck-cache/proofs.json")
     ap.add_argument("--only", metavar="TEXT", help="only the units whose name contains TEXT")
+    ap.add_argument("--crosshair-time-limit", type=float, default=None, metavar="SECONDS",
+                    help="CrossHair's wall-clock safety net (a run it stops has no verdict)")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     results = run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
-                      cache=cache_at(None if args.no_cache else args.out), only=args.only)
+                      cache=cache_at(None if args.no_cache else args.out), only=args.only,
+                      time_limit=args.crosshair_time_limit)
     print(report(results))
     print(f"== wall time {time.perf_counter() - t0:.1f}s")
     return 0 if ok(results) else 1

@@ -122,13 +122,19 @@ class ProofCache:
             self.entries.pop(unit, None)
 
     def save(self) -> None:
+        """Write the cache; one that cannot be written (a read-only folder, a full disk)
+        is said on stderr: the results are already reported, a cache is only a cache."""
         if not self.enabled:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".proofs-", suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, "units": self.entries}, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)     # atomic: a concurrent run never reads half a file
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".proofs-", suffix=".json")
+            with os.fdopen(fd, "w") as f:
+                json.dump({"format": FORMAT, "units": self.entries}, f, indent=1, sort_keys=True)
+            os.replace(tmp, self.path)     # atomic: a concurrent run never reads half a file
+        except OSError as e:
+            print(f"kvcheck: warning: proof cache not saved to {self.path}: "
+                  f"{e.strerror or e}", file=sys.stderr, flush=True)
 
 
 def _stored(r: Result) -> dict:

@@ -104,7 +104,17 @@ def _solve(hyps, extra, goal, rlimit: int, tactic: bool, logic: str | None = Non
     s.add(*hyps)
     s.add(*extra)
     s.add(z3.Not(goal))
-    return s.check(), s
+    return checked(s), s
+
+
+def checked(s):
+    """s.check(), except that a Ctrl-C z3 caught (it answers unknown, "interrupted from
+    keyboard", and the interrupt is gone) is raised again as KeyboardInterrupt: otherwise
+    `kvcheck prove` reads it as an undecided proof and goes on."""
+    r = s.check()
+    if r == z3.unknown and "interrupted" in s.reason_unknown():
+        raise KeyboardInterrupt
+    return r
 
 
 def check(hyps: list, goal, divisors=(), split: bool = True, logic: str | None = None,

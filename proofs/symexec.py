@@ -25,6 +25,8 @@ import z3
 
 import kvcheck.spec.pages as _pages
 
+from kvcheck.proofs.core import checked
+
 PRUNE_RLIMIT = 5_000_000
 """z3 steps for one path-feasibility query (deterministic, unlike a time limit)."""
 
@@ -207,7 +209,7 @@ class Explorer:
             if self.prune:  # take the True side only if it is feasible on this path
                 self.solver.push()
                 self.solver.add(*self.conds, cond)
-                if self.solver.check() == z3.unsat:
+                if checked(self.solver) == z3.unsat:
                     d = False
                 self.solver.pop()
             self.prefix.append(d)

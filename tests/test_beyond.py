@@ -116,7 +116,7 @@ def test_fuzz_and_check_report_the_sequences_beyond(tmp_path):
 def test_check_json_has_the_beyond_summary(tmp_path):
     out = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
-                        "--accept", "U1,U2", "--examples", "8", "--skip-explore", "--skip-proofs",
+                        "--accept", "U1,U2", "--examples", "10", "--skip-explore", "--skip-proofs",
                         "--out", str(tmp_path / "f"), "--json", str(out)],
                        capture_output=True, text=True, cwd=tmp_path, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -3,8 +3,10 @@
 a corpus trace; and it fails, naming the path, when a path is not reached."""
 from __future__ import annotations
 
+import pytest
+
 from kvcheck import cli
-from kvcheck.check import differential_part
+from kvcheck.check import MIN_EXAMPLES, differential_part
 from kvcheck.engines import gen
 
 
@@ -22,3 +24,17 @@ def test_a_path_not_reached_fails_the_part(tmp_path, monkeypatch):
     monkeypatch.setitem(gen.PATHS, "never", lambda state, op: False)
     ok, detail = differential_part("impl", tmp_path, 2, "walk")
     assert not ok and "NOT REACHED" in detail and "'never'" in detail
+
+
+@pytest.mark.parametrize("engine", sorted(MIN_EXAMPLES))
+def test_the_examples_floor_reaches_every_operation(tmp_path, engine):
+    """`check --examples` below MIN_EXAMPLES is a usage error: at the floor the run from
+    the fixed seed reaches every operation and path, so no count check accepts is
+    reported as a finding for being small."""
+    ok, detail = differential_part("spec", tmp_path, MIN_EXAMPLES[engine], engine)
+    assert ok, detail
+
+
+def test_every_engine_has_a_floor():
+    from kvcheck.engines import ENGINES
+    assert set(ENGINES) == set(MIN_EXAMPLES)

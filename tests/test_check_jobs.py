@@ -60,7 +60,8 @@ def _children(pid: int) -> list:
 def test_an_interrupt_stops_every_worker_and_exits_130(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
-                          "--skip-proofs", "--jobs", "2", "--out", str(tmp_path)],
+                          "--skip-proofs", "--jobs", "2", "--out", str(tmp_path),
+                          "--json", str(tmp_path / "r.json")],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=tmp_path)
     first = p.stdout.readline()
@@ -78,6 +79,11 @@ def test_an_interrupt_stops_every_worker_and_exits_130(tmp_path):
     assert p.returncode == 130, (out, err)
     assert err.strip().splitlines()[-1] == "kvcheck check: interrupted"
     assert "Traceback" not in err
+    # the summary of the parts done, what was written, and the --json of the parts done
+    assert "kvcheck check: INTERRUPTED after " in out and "trace" in out.splitlines()[-1], out
+    import json
+    s = json.loads((tmp_path / "r.json").read_text())
+    assert s["interrupted"] is True and s["ok"] is False and s["parts_planned"] > len(s["parts"])
     time.sleep(0.5)
     alive = [w for w in workers if Path(f"/proc/{w}").exists()
              and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2]]
@@ -116,13 +122,17 @@ def test_workers_run_a_fresh_compiled_build_and_give_the_same_results(tmp_path):
     assert summary(interp[1:]) == summary(comp[1:])
 
 
-def _parts(backend: str, skip_explore: bool = False) -> list:
+def _check_parts(backend: str, skip_explore: bool = False) -> list:
     import argparse
 
     from kvcheck.check import check_parts
     args = argparse.Namespace(skip_proofs=True, skip_explore=skip_explore, backend=backend,
                               examples=10, out="/tmp/kvcheck-parts", engine="walk")
-    return [p.name for p in check_parts(args, (), ())]
+    return check_parts(args, (), ())
+
+
+def _parts(backend: str, skip_explore: bool = False) -> list:
+    return [p.name for p in _check_parts(backend, skip_explore)]
 
 
 def test_check_explores_what_the_backend_can_be_checked_on():
@@ -151,3 +161,32 @@ def test_only_the_spec_exploration_judges_reachability_goals(tmp_path):
     assert "goals" in spec[3]
     impl = explore_part("x", "check-impl", "impl-tiny", tmp_path, "impl")
     assert impl[0] and len(impl) == 3
+
+
+def nap(name, seconds):
+    time.sleep(seconds)
+    return True, f"slept {seconds} s", []
+
+
+def test_the_quick_parts_start_first_one_at_a_time_beside_the_long_ones():
+    """The quick parts (differential, corpus, planted faults) go first, one after another
+    in one process, while the long ones run in the others: the first finding comes within
+    seconds, and the long parts are not held back."""
+    ps = [C.Part("long a", nap, (4,)), C.Part("long b", nap, (4,)),
+          C.Part("quick 1", nap, (0.5,), quick=True), C.Part("quick 2", nap, (0.5,), quick=True)]
+    assert [ps[i].name for i in C.schedule(ps)] == ["quick 1", "quick 2", "long a", "long b"]
+    shown = []
+    res = C.run_parts(ps, 2, shown.append)
+    assert [r.name for r in res] == [p.name for p in ps]            # list order kept
+    assert [r.name for r in shown][:2] == ["quick 1", "quick 2"]      # finished first
+    by = {r.name: r for r in res}
+    assert by["quick 2"].finished < by["long a"].finished
+    # quick 1 and quick 2 ran one after the other beside long a; long b after both
+    assert by["long b"].finished - by["quick 2"].finished > 3
+
+
+def test_check_parts_mark_the_defect_finders_quick():
+    quick = [p.name for p in _check_parts("impl") if p.quick]
+    assert [n.split(" (")[0] for n in quick] == [
+        "differential state machine", "regression corpus", "checker self-test corpus"]
+

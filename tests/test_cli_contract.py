@@ -362,7 +362,7 @@ def test_version(capsys):
     assert rc == 0 and re.match(r"kvcheck \d+\.\d+", out)
 
 
-def test_every_subcommand_has_a_description_an_example_and_help_with_defaults():
+def test_every_subcommand_has_a_description_an_example_and_each_default_stated_once():
     import argparse
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -373,7 +373,35 @@ def test_every_subcommand_has_a_description_an_example_and_help_with_defaults():
         for a in p._actions:
             if a.option_strings and a.dest != "help":
                 assert a.help, (name, a.option_strings)
-                assert "%(default)s" in fmt._get_help_string(a), (name, a.option_strings)
+                text = fmt._get_help_string(a)
+                stated = text.replace("%(default)s", "").count("default")
+                has_default = a.default not in (None, False, [])
+                assert stated == 1 if has_default else stated <= 1, (name, a.option_strings, text)
+        page = p.format_help()
+        assert "None" not in page, (name, [ln for ln in page.splitlines() if "None" in ln])
+
+
+def test_every_engine_is_in_each_engine_flags_help():
+    from kvcheck.engines import ENGINES
+    for cmd in ("check", "fuzz", "selftest"):
+        page = cli.build_parser()._subparsers._group_actions[0].choices[cmd].format_help()
+        flat = " ".join(page.split())
+        for engine in ENGINES:
+            assert f"{engine} (" in flat, (cmd, engine)
+
+
+def test_every_environment_variable_read_is_in_the_top_level_help(capsys):
+    """Every KVCHECK_* variable the sources read is listed in `kvcheck --help`."""
+    from kvcheck.preflight import ENV_VARS
+    read = set()
+    for d in ("kvcheck", "adapters", "impl", "spec", "proofs"):
+        for f in (ROOT / d).rglob("*.py"):
+            read |= set(re.findall(r"[\"'](KVCHECK_[A-Z_]+)[\"']", f.read_text()))
+    internal = {"KVCHECK_SGLANG_COVERAGE", "KVCHECK_MUTATION_EXAMPLES"}   # set by kvcheck for its children
+    assert read - internal <= set(ENV_VARS), read - internal - set(ENV_VARS)
+    rc, out, err = run_main(capsys, ["--help"])
+    for name in ENV_VARS:
+        assert re.search(rf"^  {name}\s", out, re.M), name
 
 
 def test_explain_lists_and_explains_every_failure_id(capsys):
@@ -425,13 +453,18 @@ def test_schema_follows_a_field_declaration():
 
 # --- CI formats ----------------------------------------------------------------------
 
+LOWERED_FLOOR = ("import sys; import kvcheck.check as C; C.MIN_EXAMPLES.clear(); "
+                 "from kvcheck.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 @pytest.fixture(scope="module")
 def failing_check(tmp_path_factory):
     """One small `check` whose differential part fails (too few sequences to reach every
-    operation), with every CI format switched on."""
+    operation: the floor `check --examples` keeps is lowered for it), with every CI
+    format switched on."""
     d = tmp_path_factory.mktemp("ci")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "GITHUB_ACTIONS": "true"}
-    p = subprocess.run([sys.executable, "-m", "kvcheck.cli", "check", "--backend", "spec",
+    p = subprocess.run([sys.executable, "-c", LOWERED_FLOOR, "check", "--backend", "spec",
                         "--examples", "2", "--skip-explore", "--skip-proofs", "--out", str(d / "f"),
                         "--junit-xml", str(d / "r.xml"), "--json", str(d / "r.json")],
                        capture_output=True, text=True, cwd=d, timeout=300, env=env)

@@ -127,3 +127,29 @@ def test_spec_alone_has_no_sut_var_and_big_ints_are_bigint():
     assert data["vars"] == ["step", "action", "op", "outcome", "spec"]
     assert value(2 ** 60) == {"#bigint": str(2 ** 60)} and value(7) == 7
     assert itf_py.value_from_json(value((2 ** 60, -3))) == [2 ** 60, -3]
+
+
+@pytest.mark.parametrize("name", ["planted/save_keeps_row.json", "worked_example_5_4.json"])
+def test_replay_reads_its_own_itf_output_back(tmp_path, capsys, name):
+    """`kvcheck replay T --itf T.itf` then `kvcheck replay T.itf`: the same operations,
+    configuration, expectation and planted fault, the same verdict; also from a file
+    without #meta.ops (an older export), whose operations come from its states."""
+    out = tmp_path / "t.itf.json"
+    assert cli.main(["replay", str(REG / name), "--itf", str(out), "-q"]) == 0
+    first = capsys.readouterr().out
+    back = load(out)
+    orig = load(REG / name)
+    assert (back.config, back.ops, back.expect) == (orig.config, orig.ops, orig.expect)
+    assert back.meta.get("planted_fault") == orig.meta.get("planted_fault")
+    assert cli.main(["replay", str(out), "-q"]) == 0
+    again = capsys.readouterr().out
+    assert again.splitlines()[-1] == first.splitlines()[-1]      # expected: ... -> as expected
+    data = json.loads(out.read_text())
+    del data["#meta"]["ops"]
+    old = tmp_path / "old.itf.json"
+    old.write_text(json.dumps(data))
+    if "last_state_omitted" in data["#meta"]:   # the failing step's operation is not there
+        assert cli.main(["replay", str(old), "-q"]) == 2
+        assert "expect.step must be an index into ops" in capsys.readouterr().err
+    else:
+        assert load(old).ops == orig.ops

@@ -93,3 +93,13 @@ def test_crosshair_rechecks_only_changed_contracts_and_their_callers():
     changed = {n for n in before if before[n] != after[n]}
     assert {"ceil_div", "ceil_align", "free_kv_aligned_start", "free_kv_aligned_pages",
             "pages_needed_extend", "owned_tokens"} == changed
+
+
+def test_a_cache_that_cannot_be_written_is_a_warning_not_a_traceback(tmp_path, capsys):
+    blocker = tmp_path / "a-file"                 # its folder cannot be made, even by root
+    blocker.write_text("")
+    cache = ProofCache(blocker / "sub" / "proofs.json")
+    cache.put("u", "k", [Result("u", "lemma", "proved", 1.0)])
+    cache.save()                                  # no exception
+    err = capsys.readouterr().err
+    assert err.startswith("kvcheck: warning: proof cache not saved") and len(err.splitlines()) == 1

@@ -15,3 +15,7 @@ one in chunks of sequences, inline, in local processes or as Ray tasks.
 """
 ENGINES = ("walk", "hypothesis", "guided")
 DEFAULT_ENGINE = "walk"
+ENGINES_HELP = ("walk (a seeded random walk with swarm testing), guided (the walk steered "
+                "toward sequences that show the spec something new) or hypothesis (the "
+                "Hypothesis state machine)")
+"""Every engine in one phrase, for each --engine flag's help."""
