@@ -122,9 +122,9 @@ def test_check_json_has_the_beyond_summary(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.exists(), p.stdout + p.stderr
     s = json.loads(out.read_text())
-    assert s["beyond"]["sequences"] == 2 and s["beyond"]["reasons"] == {"I22": 1, "ModelError": 1}
+    assert s["beyond"]["sequences"] == 3 and s["beyond"]["reasons"] == {"I22": 1, "ModelError": 2}
     assert s["beyond"]["steps_not_compared"] > 0
-    assert "beyond the accepted findings' model: 2 sequences (I22 x1, ModelError x1)" in p.stdout
+    assert "beyond the accepted findings' model: 3 sequences (ModelError x2, I22 x1)" in p.stdout
 
 
 def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):

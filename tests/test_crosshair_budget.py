@@ -3,6 +3,7 @@ never by the clock; its wall-clock limit is a safety net whose stop is its own o
 "interrupted by the time limit", naming the flag that raises it, never a failed proof."""
 from __future__ import annotations
 
+import subprocess
 import sys
 
 from kvcheck import cli
@@ -47,7 +48,11 @@ def test_the_mutant_is_refuted_within_the_count_budget():
     assert [r.status for r in res] == ["refuted"], res
 
 
-def test_a_run_stopped_by_the_time_limit_is_interrupted_not_failed(capsys):
+def test_a_run_stopped_by_the_time_limit_is_interrupted_not_failed(capsys, monkeypatch):
+    # a CrossHair process that cannot finish within the safety net (a real one may take
+    # less than the net's one-second floor on a quiet machine)
+    monkeypatch.setattr(X, "_start", lambda targets, cwd, env_path: subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True))
     res = X.run_crosshair(0.01, only="ceil_div")
     assert {r.status for r in res} == {"interrupted"}, res
     assert interrupted(res) == res

@@ -534,15 +534,31 @@ def differed_lines(traces: dict, indent: str = "    ") -> list:
             for reason, path in sorted(traces.items())]
 
 
+def _matched(state, op):
+    """The queued request an operation surely matches: a `schedule`'s, or the first named by
+    a prefill round when it is waiting (a round matches its first waiting request before
+    any budget can stop it); None otherwise."""
+    if isinstance(op, O.Schedule):
+        return state.reqs.get(op.rid)
+    if isinstance(op, O.ScheduleRound):
+        r = state.reqs.get(op.rids[0])
+        return r if r is not None and r.phase == "queued" else None
+    return None
+
+
 def _retry(state, op) -> bool:
-    """The retry of a retracted request: its next `schedule`."""
-    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    """The retry of a retracted request: its next match."""
+    r = _matched(state, op)
     return r is not None and r.is_retracted
 
 
+def _retry_from_slot(state, op) -> bool:
+    return _retry(state, op) and _matched(state, op).session in state.slots
+
+
 def _restored_slot(state, op):
-    """The session slot a `schedule` restores its turn from (`find_active_slot`), or None."""
-    r = state.reqs.get(getattr(op, "rid", None)) if isinstance(op, O.Schedule) else None
+    """The session slot a match restores its turn from (`find_active_slot`), or None."""
+    r = _matched(state, op)
     if r is None or r.session is None or r.to_finish:
         return None
     slot = state.slots.get(r.session)
@@ -552,8 +568,8 @@ def _restored_slot(state, op):
 def _restore_clamps(state, op) -> bool:
     """`try_match_prefix`'s `min(kv_committed_len, len(key))` takes the key's length."""
     slot = _restored_slot(state, op)
-    return slot is not None and restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen) < \
-        slot.committed
+    return slot is not None and \
+        restore_prefix_len(slot.committed, _matched(state, op).seqlen) < slot.committed
 
 
 def _free_tail_frees(state, op) -> bool:
@@ -561,14 +577,13 @@ def _free_tail_frees(state, op) -> bool:
     slot = _restored_slot(state, op)
     if slot is None:
         return False
-    prefix = restore_prefix_len(slot.committed, state.reqs[op.rid].seqlen)
+    prefix = restore_prefix_len(slot.committed, _matched(state, op).seqlen)
     return len(free_kv_aligned_pages(prefix, slot.allocated, state.cfg.page_size)) > 0
 
 
 PATHS: dict[str, Callable] = {
     "retract-retry": _retry,
-    "retract-retry from the session slot": lambda state, op: _retry(state, op) and
-    state.reqs[op.rid].session in state.slots,
+    "retract-retry from the session slot": _retry_from_slot,
     "slot restore clamped to the key": _restore_clamps,
     "_free_tail frees": _free_tail_frees,
 }
