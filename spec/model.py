@@ -1062,8 +1062,8 @@ def _schedule(s: State, req: Req, admit: bool) -> str:
 
 
 def _schedule_round(s: State, reqs: list, limit) -> str:
-    """`Scheduler._get_new_batch_prefill_raw` (0.5.15 `scheduler.py`
-    `_get_new_batch_prefill_raw`, 0.5.23 l.4079-4330): the PrefillAdder loop admits a
+    """`Scheduler._get_new_batch_prefill_raw` (0.5.15 `scheduler.py` l.2753, 0.5.23
+    l.4079-4330): the PrefillAdder loop admits a
     batch, one `prepare_for_extend` allocates it, then the result is processed request by
     request. "ok" when every request named was admitted, else "rejected"."""
     batch = _admit_round(s, reqs, limit)
