@@ -43,11 +43,11 @@ class _RoundBudget:
 
     def charge(self, item: tuple, P: int) -> None:
         req, prefix, end = item
-        self.reserved += (-(-end // P) - -(-prefix // P)) * P
+        self.reserved += (common.ceil_div(end, P) - common.ceil_div(prefix, P)) * P
         if req.req_pool_idx is None:
             self.rows -= 1
         if self.chunk is not None:
-            self.chunk -= -(-(end - prefix) // P) * P
+            self.chunk -= common.ceil_align(end - prefix, P)
 
 
 def _borrow_synced(op):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from kvcheck.spec.model import resolve_logprob_start
-from kvcheck.spec.pages import chunk_end, pages_needed_extend
+from kvcheck.spec.pages import ceil_align, chunk_end, pages_needed_extend
 
 from kvcheck.adapters.sglang import hybrid, swa_tree
 from kvcheck.adapters.sglang.release import SAMPLED_TOKEN, VOCAB, _Live
@@ -24,7 +24,7 @@ class _RoundBudget:
         self.reserved += pages_needed_extend(prefix, end, P) * P
         self.rows -= new_row
         if self.chunk is not None:
-            self.chunk -= -(-(end - prefix) // P) * P
+            self.chunk -= ceil_align(end - prefix, P)
 
 
 class Drive:
