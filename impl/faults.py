@@ -132,6 +132,10 @@ FAULTS: dict[str, str] = {
     "round_stub_drops_slot":
         "a pre-aborted stub's abort drops its session's slot although it never ran on it (U7's "
         "path without the assertion): the slot is released under the session's running turn (I22)",
+    "round_stub_nukes_slot":
+        "wrapper era: a rejected stub admitted beside its session's finishing first turn releases "
+        "the slot that turn just made instead of its own row and KV (U8's path): the stub's row "
+        "and page leak (I2, I4)",
 }
 
 ACTIVE: set[str] = set()

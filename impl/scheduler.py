@@ -50,12 +50,17 @@ class _RoundBudget:
             self.chunk -= common.ceil_align(end - prefix, P)
 
 
-def _borrow_synced(op):
-    """Borrow era: after each operation the slots a turn borrows carry its lengths
-    (upstream shares one ReqKvInfo between the turn and its slot)."""
+def _after_op(op):
+    """After each operation, as the scheduler loop does after a round: `maybe_reap`
+    carries out the deferred closes whose turn has ended (never inside a round: a
+    request of the round finishing does not free its session's KV under the next one);
+    in the borrow era the slots a turn borrows carry its lengths (upstream shares one
+    ReqKvInfo between the turn and its slot)."""
     @functools.wraps(op)
     def run(self, *args, **kwargs):
         out = op(self, *args, **kwargs)
+        for session in list(self.session_controller.sessions.values()):
+            self.session_controller.maybe_reap(session)
         if self.era == "borrow":
             self.tree_cache.sync_borrowed(self.reqs.values())
         return out
@@ -155,10 +160,9 @@ class Scheduler:
             return False
         return need <= self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
 
-    def _retire(self, req: Req, session) -> None:
+    def _retire(self, req: Req) -> None:
         self.reqs.pop(req.rid, None)
         req.phase = "finished"
-        self.session_controller.maybe_reap(session)
 
     def _write_kv(self, req: Req, start: int, end: int) -> None:
         if end <= start:
@@ -183,12 +187,12 @@ class Scheduler:
         req.kv_committed_len = pos + 1
 
     # -- operations ---------------------------------------------------------------------
-    @_borrow_synced
+    @_after_op
     def open_session(self, sid: int) -> str:
         # OpenSessionReqOutput(success=False) for an id already open
         return "ok" if self.session_controller.open(sid) else "refused"
 
-    @_borrow_synced
+    @_after_op
     def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int) -> str:
         session = self.session_controller.sessions.get(sid)
         if session is None:             # "session id ... does not exist": a plain aborted Req
@@ -199,7 +203,7 @@ class Scheduler:
         self.reqs[rid] = req
         return "stub" if req.rejected else "ok"
 
-    @_borrow_synced
+    @_after_op
     def submit_request(self, rid: int, tokens, max_new_tokens: int,
                        logprob_start_len=None) -> str:
         """handle_generate_request: logprobs requested with the default start (-1) return
@@ -210,13 +214,13 @@ class Scheduler:
         self.reqs[rid] = req
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def schedule(self, rid: int, admit: bool = True) -> str:
         """The prefill round of one request."""
         self._req(rid, "queued")
         return self._schedule_round([rid], None if admit else 0)
 
-    @_borrow_synced
+    @_after_op
     def schedule_round(self, rids, limit: Optional[int] = None) -> str:
         """`_get_new_batch_prefill_raw`: the PrefillAdder loop admits a batch (the chunked
         request first), one `prepare_for_extend` allocates it, then its result is
@@ -225,18 +229,11 @@ class Scheduler:
 
     def _schedule_round(self, rids: list, limit: Optional[int]) -> str:
         reqs = [self._req(rid, "queued", "prefill") for rid in rids]
-        sessions = [req.session for req in reqs]
-        try:
-            batch = self._admit_round(reqs, limit)
-            if batch:
-                self._prepare_for_extend(batch)
-                self._process_prefill_result(batch)
-            return "ok" if len(batch) == len(reqs) else "rejected"
-        finally:
-            # a pre-abort detach may have ended the turn of a closing session: the
-            # scheduler loop's maybe_reap carries the close out after this round
-            for session in sessions:
-                self.session_controller.maybe_reap(session)
+        batch = self._admit_round(reqs, limit)
+        if batch:
+            self._prepare_for_extend(batch)
+            self._process_prefill_result(batch)
+        return "ok" if len(batch) == len(reqs) else "rejected"
 
     def _admit_round(self, reqs: list, limit: Optional[int]) -> list:
         """PrefillAdder: rows, KV beyond `available + evictable` (the admitted requests'
@@ -355,9 +352,8 @@ class Scheduler:
         req.inflight_middle_chunks = 0
         if req.to_finish is not None:
             req.finished_reason = req.to_finish
-            session = req.session
             common.release_kv_cache(self, req)
-            self._retire(req, session)
+            self._retire(req)
             return
         req.output_ids.append(1)
         if len(req.output_ids) >= req.max_new_tokens:
@@ -368,7 +364,7 @@ class Scheduler:
             self.tree_cache.cache_unfinished_req(req)
         req.phase = "decode"
 
-    @_borrow_synced
+    @_after_op
     def prefill_chunk(self, rid: int) -> str:
         req = self._req(rid, "prefill")
         input_len = len(req.fill_ids)
@@ -384,7 +380,7 @@ class Scheduler:
             self._prefill_done(req)
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def decode(self, rid: int, token: int = 1) -> str:
         req = self._req(rid, "decode")
         if not common.check_decode_mem(self, req):
@@ -401,7 +397,7 @@ class Scheduler:
         self._check_finished(req)
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def decode_round(self, rids) -> str:
         """update_running_batch and the decode step over the batch (`rids`, batch order):
         check_decode_mem, retract_decode on a shortfall, prepare_for_decode (one eviction,
@@ -510,7 +506,7 @@ class Scheduler:
         if len(req.output_ids) >= req.max_new_tokens:
             self._finish_req(req)
 
-    @_borrow_synced
+    @_after_op
     def spec_decode(self, rid: int, drafts: int, accepted: int, token: int = 1) -> str:
         req = self._req(rid, "decode")
         need = req.kv_committed_len + 2 * (drafts + 1)
@@ -529,7 +525,7 @@ class Scheduler:
         self._check_finished(req)
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def finish(self, rid: int) -> str:
         self._finish_req(self._req(rid, "decode"))
         return "ok"
@@ -538,11 +534,10 @@ class Scheduler:
         self._overlap_lookahead(req)
         req.finished_reason = FINISH_LENGTH
         req.finished_len = min(len(req.output_ids), req.max_new_tokens)
-        session = req.session
         common.release_kv_cache(self, req)
-        self._retire(req, session)
+        self._retire(req)
 
-    @_borrow_synced
+    @_after_op
     def abort_queued(self, rid: int) -> str:
         req = self._abort_target(rid, "queued")
         if req is None:
@@ -560,18 +555,18 @@ class Scheduler:
                     req.req_pool_idx is not None and req.mamba_pool_idx is not None:
                 # accepted finding M2: release_kv_cache(checkpoint=False) -> claim_kv_row
                 self.tree_cache.try_cache_finished_req(req)
-                self._retire(req, session)
+                self._retire(req)
                 return
         if self.radix_cache.mamba is not None and req.req_pool_idx is None and \
                 req.mamba_pool_idx is not None:     # release_kv_cache(checkpoint=False)
             self.req_to_token_pool.free_mamba_cache(req)
-        self._retire(req, session)
+        self._retire(req)
 
     def queue_reject(self, rid: int) -> str:
         """_add_request_to_queue refuses it (priority / queue limit): a queued abort."""
         return self.abort_queued(rid)
 
-    @_borrow_synced
+    @_after_op
     def pre_abort(self, rid: int) -> str:
         req = self._abort_target(rid, "queued")
         if req is None:
@@ -581,18 +576,17 @@ class Scheduler:
             req.origin_input_ids = [0]
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def abort_running(self, rid: int) -> str:
         req = self._abort_target(rid, "prefill", "decode")
         if req is None:
             return "refused"
         req.finished_reason = FINISH_ABORT
-        session = req.session
         common.release_kv_cache(self, req)
-        self._retire(req, session)
+        self._retire(req)
         return "ok"
 
-    @_borrow_synced
+    @_after_op
     def retract(self, rid: int) -> str:
         self._retract_req(self._req(rid, "decode"))
         return "ok"
@@ -601,15 +595,13 @@ class Scheduler:
         """release_req (release_kv_cache(is_insert=False), reset_for_retract): back to
         the waiting queue."""
         self._overlap_lookahead(req)
-        session = req.session
         common.release_req(self, req)
-        self.session_controller.maybe_reap(session)
 
-    @_borrow_synced
+    @_after_op
     def close_session(self, sid: int) -> str:
         return self.session_controller.close(sid)
 
-    @_borrow_synced
+    @_after_op
     def evict(self, num_tokens: int) -> str:
         self.tree_cache.evict(num_tokens)
         return "ok"

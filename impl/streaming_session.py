@@ -169,6 +169,14 @@ class StreamingSession:
         is_first = slot is None
 
         if req.finished_reason == FINISH_ABORT:
+            if slot is not None and slot.req_pool_idx != req.req_pool_idx \
+                    and "round_stub_nukes_slot" not in faults.ACTIVE:
+                # FIX(U8): a request that never ran on its session's slot (a rejected stub
+                # matched before its session's turn created the slot in the same round)
+                # leaves the slot alone and is released like any request
+                session.abort_req(req)
+                req.session = None
+                return False
             if slot is None:
                 slot = SessionSlot(session_id, req_pool_idx=req.req_pool_idx,
                                    kv_allocated_len=req.kv_allocated_len,

@@ -21,6 +21,7 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.invariants import check_state, check_step
 from kvcheck.spec.model import ModelError, initial_state, refusal, step, within_accepted
 from kvcheck.spec.ops import Op
+from kvcheck.spec.progress import drain_bound, drain_op, idle, not_drained, progress_key
 from kvcheck.spec.state import State
 from kvcheck.spec.view import abstract
 from kvcheck.spec.violations import Violation
@@ -176,6 +177,7 @@ class Lockstep:
         self.state = initial_state(cfg)
         self.prev = abstract(self.state)
         self.steps = 0
+        self.last_op: Optional[Op] = None
         self.beyond: Optional[Beyond] = None    # under Config.accept: past what the model follows
         self.fixed = initial_state(replace(cfg, accept=())) if cfg.accept else None
         """Under Config.accept, the fixed spec (no finding accepted) run on the same
@@ -244,8 +246,30 @@ class Lockstep:
                 return rec, None
             if fail is not None:
                 return rec, fail
-        self.state, self.prev, self.steps = s, b_spec, i + 1
+        self.state, self.prev, self.steps, self.last_op = s, b_spec, i + 1, op
         return rec, None
+
+    def drain(self) -> tuple[list, Optional[Failure]]:
+        """`Config.drain`: the scheduler alone from here (spec/progress.py `drain_op`), each
+        of its operations applied and checked as any step; P1 when the spec is not idle
+        within `drain_bound`. Returns the steps' records (the failing one last) and the
+        failure, if any."""
+        records, bound = [], drain_bound(self.state)
+        last, stalled = None, 0
+        while not idle(self.state) and len(records) < bound and self.beyond is None:
+            op = drain_op(self.state, last, stalled)
+            if op is None:
+                break
+            key = progress_key(self.state)
+            rec, fail = self.apply(op)
+            records.append(rec)
+            if fail is not None:
+                return records, fail
+            last, stalled = op, (stalled + 1 if progress_key(self.state) == key else 0)
+        if idle(self.state) or self.beyond is not None:
+            return records, None
+        v = not_drained(self.state, len(records), bound)
+        return records, _failure(self.steps, last or self.last_op, "spec", [v])
 
     def _release_at_stop(self, b: Beyond) -> Beyond:
         """The system under test, alone, on the step where the spec stopped comparing: does
@@ -374,6 +398,19 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             return RunResult(len(ops), None, records, lock.beyond)
         if on_step is not None:
             on_step(rec)
+    if cfg.drain:
+        drained, fail = lock.drain()
+        if keep_records:
+            records += [r for r in drained if r is not drained[-1] or fail is None
+                        or fail.side != "spec" or fail.id == "P1"]
+        if fail is not None:
+            return RunResult(lock.steps, fail, records)
+        if on_step is not None:
+            for rec in drained:
+                on_step(rec)
+        if lock.beyond is not None:
+            return RunResult(len(ops) + len(drained), None, records, lock.beyond)
+        return RunResult(len(ops) + len(drained), None, records)
     return RunResult(len(ops), None, records)
 
 

@@ -1,7 +1,7 @@
 """Every failure id a kvcheck report can quote, with its meaning: what `kvcheck explain ID`
 prints and what a trace's `expect.invariant` may name.
 
-I* come from spec/invariants.py (evaluated on the spec and on every system), D1, D2,
+I* come from spec/invariants.py, P* from spec/progress.py (a drain that does not reach idle) (evaluated on the spec and on every system), D1, D2,
 E1, M1, X1 from kvcheck/checker.py. C* and L* are the concrete checks the adapters run
 on a system's own state (impl/checks.py, adapters/sglang/backend.py); they are named
 here because impl/ may not import spec/ (tests/test_cli_contract.py checks that every
@@ -20,6 +20,7 @@ CONCRETE_CHECKS = {
 }
 
 GROUPS = (("I", "spec invariant, evaluated on the spec and on the system under test"),
+          ("P", "progress: the scheduler alone does not drain the system to idle (config.drain)"),
           ("C", "concrete check on the system's own state (adapters)"),
           ("L", "upstream's own leak check, run on the system (adapters)"),
           ("D", "divergence between the spec and the system under test"),
@@ -31,8 +32,9 @@ def failure_ids() -> dict:
     """{id: meaning} for every failure id, I* in numeric order first."""
     from kvcheck.checker import FAILURE_NAMES
     from kvcheck.spec.invariants import INVARIANT_IDS
+    from kvcheck.spec.progress import PROGRESS_IDS
     inv = dict(sorted(INVARIANT_IDS.items(), key=lambda kv: int(kv[0][1:])))
-    return {**inv, **CONCRETE_CHECKS, **FAILURE_NAMES}
+    return {**inv, **PROGRESS_IDS, **CONCRETE_CHECKS, **FAILURE_NAMES}
 
 
 def explain(fid: str) -> str:

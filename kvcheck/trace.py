@@ -43,7 +43,7 @@ MAX_BYTES = 64 << 20
 class Expect:
     result: str = "pass"                # "pass" | "violation"
     invariant: Optional[str] = None     # e.g. "I2", "C1", "D1"
-    step: Optional[int] = None
+    step: Optional[int] = None          # with config.drain, past the ops: a drain step
     backend: Optional[str] = None       # the side it fails on ("spec", "impl", ...)
 
     def to_json(self) -> dict:
@@ -135,7 +135,7 @@ def _cross_error(cfg: Config, ops: list, exp: Expect):
         drafts = getattr(op, "drafts", None)
         if drafts is not None and drafts > cfg.max_drafts:
             return f"ops[{i}].drafts must be <= config.max_drafts ({cfg.max_drafts}), got {drafts}"
-    if exp.step is not None and exp.step >= len(ops):
+    if exp.step is not None and exp.step >= len(ops) and not cfg.drain:
         return (f"expect.step must be an index into ops (0 to {len(ops) - 1}), got {exp.step}"
                 if ops else "expect.step: the trace has no operations")
     return None

@@ -27,13 +27,16 @@ ACCEPTABLE = {
     "U6": "0.5.23: a queue drop (_release_aborted_request) of a rejected stub clears _inflight",
     "U7": "0.5.22+: a rejected stub admitted in the round of its session's first turn meets "
           "the slot that turn took (StreamingSession.take asserts 'already has a slot')",
+    "U8": "0.5.15 (wrapper era): a rejected stub admitted in the round where its session's "
+          "first turn finishes releases that turn's new slot in its place and leaks its own "
+          "row and KV",
     "M2": "0.5.23 (hybrid SSM): a queued turn on its slot's record, aborted, is finished "
           "(release_kv_cache -> try_cache_finished_req -> finish_req): its tokens become the "
           "checkpoint",
 }
 """Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
 takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
-Accepted = Literal["U1", "U2", "U3", "U6", "U7", "M2"]
+Accepted = Literal["U1", "U2", "U3", "U6", "U7", "U8", "M2"]
 assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
@@ -46,6 +49,8 @@ TREE_DEFAULTS = {"disable_radix_cache": False, "mamba_tree": False}
 ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
 """The KV allocator's settings and the values traces written before them ran with: a
 trace omits them at these values."""
+RUN_DEFAULTS = {"drain": False}
+"""How a run ends: a trace omits it at this value."""
 
 
 class ConfigError(ValueError):
@@ -120,6 +125,11 @@ class Config:
     """`SGLANG_DEBUG_MEMORY_POOL`: the allocator asserts on every free (no duplicate page
     in the free lists) and on each alloc's congruence; a violation is an exception (E1)
     instead of the concrete check C2/C3 one step later. The spec ignores it."""
+    drain: bool = False
+    """The run ends with a drain (spec/progress.py): after the trace's operations the
+    scheduler runs alone, with no new request, until every request is finished or released
+    and every session closed; not idle within the bound is P1. Each drain operation is
+    applied and compared like any other step. The systems under test ignore the field."""
 
     def __post_init__(self) -> None:
         if isinstance(self.accept, list):       # from JSON
@@ -164,7 +174,8 @@ class Config:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for k, off in {**HYBRID_DEFAULTS, **TREE_DEFAULTS, **ALLOCATOR_DEFAULTS}.items():  # older traces stay as they were
+        for k, off in {**HYBRID_DEFAULTS, **TREE_DEFAULTS, **ALLOCATOR_DEFAULTS,
+                       **RUN_DEFAULTS}.items():  # older traces stay as they were
             if d[k] == off:
                 del d[k]
         return d

@@ -673,6 +673,7 @@ ACCEPTED_INVARIANTS = {
     "U3": ("I20",),
     "U6": ("I20",),
     "U7": (),               # the release raises: the spec stops at the same assertion
+    "U8": ("I1", "I2", "I4"),   # the stub's own row and KV leak
     "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
 """The invariants an accepted finding's known behaviour breaks on the spec itself ("ID" on
@@ -869,14 +870,21 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
     sid = req.session
     slot = s.slots.get(sid)
     if req.finished_reason == "abort":
+        if slot is not None and slot.row != req.row and \
+                (s.cfg.era == "borrow" or not accepts(s, "U8")):
+            # FIX(U8): an aborted turn that never ran on its session's slot (a rejected
+            # stub matched in the round whose other turn then created the slot) leaves the
+            # slot to that turn and is released like any request. 0.5.15 releases the
+            # session's slot in its place and leaks the stub's own row and KV; 0.5.23
+            # asserts "does not run on its slot" (`try_cache_finished_req`)
+            _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
+            req.session = None
+            _release_plain(s, req, is_insert=True)
+            return
         if s.cfg.era == "borrow":
-            if slot is not None and slot.row == req.row:
+            if slot is not None:
                 dec_lock_ref(s, slot.last_node)
                 del s.slots[sid]
-            # FIX: an aborted turn that never ran on its session's slot (a pre-aborted
-            # stub matched in the round whose other turn then created the slot) leaves
-            # the slot to that turn; 0.5.23 asserts "does not run on its slot" here
-            # (`try_cache_finished_req`)
             _abort_req(s, sid, req, unconditional=accepts(s, "U1"))
             req.session = None
             _release_plain(s, req, is_insert=True)

@@ -17,7 +17,7 @@ from kvcheck.spec import ops as O
 from kvcheck.spec.model import queued_borrow_holds_mamba, refusal, step
 
 RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
-            "0.5.15": ("U1", "U2", "U3", "M2"),
+            "0.5.15": ("U1", "U2", "U3", "U8", "M2"),
             "0.5.16": ("U1", "U2", "U3", "M2"),
             "0.5.17": ("U1", "U2", "U3", "M2"),
             "0.5.18": ("U1", "U2", "U3", "M2"),
@@ -27,7 +27,8 @@ RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
 """release -> findings present in it (0.5.14 and 0.5.16-0.5.19 as 0.5.15, 0.5.22 as 0.5.23: their
 copies of those releases' traces, in stateful_tests/upstream/, all as expected there; U3 is
 fixed in 0.5.22; U6 is new there, brought by that fix; U7: the borrow era's slot taken at
-the first turn's allocation, scheduling rounds only; U4 is withdrawn: it is the
+the first turn's allocation, scheduling rounds only; U8: its wrapper-era counterpart,
+checked on 0.5.15 only; U4 is withdrawn: it is the
 wrong-token consequence of U1/U2; M2: hybrid SSM models only)."""
 
 
@@ -44,12 +45,11 @@ def _queued_stub_of_busy_session(s, rid) -> bool:
     return sess is not None and sess.inflight_rid not in (None, rid)
 
 
-def _stub_in_first_round(s, op) -> bool:
-    """U7's trigger: a prefill round that names a turn of a session with no slot and,
-    after it, that session's pre-aborted stub (still attached: with no slot its match
-    does not detach it), both admitted: the turn's `take` makes the slot, the stub's
-    `take` then meets it."""
-    if s.cfg.era != "borrow" or not isinstance(op, O.ScheduleRound):
+def _stub_after_first_turn(s, op, era: str, finishes: bool) -> bool:
+    """A prefill round of `era` that names a turn of a session with no slot (one whose first
+    sampled token ends it, when `finishes`) and, after it, that session's pre-aborted stub
+    (still attached: with no slot its match does not detach it)."""
+    if s.cfg.era != era or not isinstance(op, O.ScheduleRound):
         return False
     first = {}
     for rid in op.rids:
@@ -58,8 +58,21 @@ def _stub_in_first_round(s, op) -> bool:
             continue
         if r.to_finish and r.session in first:
             return True
-        first.setdefault(r.session, rid)
+        if not r.to_finish and (not finishes or len(r.output) + 1 >= r.max_new_tokens):
+            first.setdefault(r.session, rid)
     return False
+
+
+def _stub_in_first_round(s, op) -> bool:
+    """U7's trigger: both admitted, the turn's `take` makes the slot, the stub's `take`
+    then meets it."""
+    return _stub_after_first_turn(s, op, "borrow", finishes=False)
+
+
+def _stub_in_finishing_first_round(s, op) -> bool:
+    """U8's trigger: the wrapper era's round where the turn finishes at its prefill and
+    makes the slot, whose stub's abort then releases it."""
+    return _stub_after_first_turn(s, op, "wrapper", finishes=True)
 
 
 def _decode_round_retracts_turn(s, op) -> bool:
@@ -85,6 +98,8 @@ def _trigger(s, op) -> Optional[str]:
         return "U2"
     if _stub_in_first_round(s, op):
         return "U7"         # the stub's take meets the slot its session's turn just took
+    if _stub_in_finishing_first_round(s, op):
+        return "U8"         # the stub's abort releases the slot its session's turn just made
     if isinstance(op, O.AbortQueued) and op.rid in s.reqs and \
             queued_borrow_holds_mamba(s, s.reqs[op.rid]):
         return "M2"         # the queued turn on its slot's Mamba record is finished

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from bisect import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Callable, Optional
 
@@ -129,7 +129,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
     if plan is None:
         plan = draw_plan(RandomDrawer(plan_rng(seed, index, rng_tag)), config_kw)
     d, weights = plan.d, plan.weights
-    cfg = cfg or plan.cfg
+    cfg = replace(cfg or plan.cfg, drain=True)     # every walk ends with the drain (P1)
     pick = weighted_pick(list(weights), list(weights.values()), d.rng)
     draw_skip = _leaving_out(skip, cfg.accept, plan.findings)
     script = list(script or ())
@@ -168,6 +168,13 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
             stats.record(op, rec.outcome, paths)
             if observe is not None:
                 observe(before, op, rec.outcome, lock.state, paths)
+        drained, seq.failure = lock.drain()
+        for rec in drained[:-1] if seq.failure is not None else drained:
+            stats.record(rec.op, rec.outcome, ())
+        if lock.beyond is not None:
+            b = lock.beyond
+            stats.record_beyond(b.reason, 0, b.release, b.release_past is not None)
+            seq.beyond = b
     finally:
         if backend is not None and hasattr(backend, "close"):
             backend.close()

@@ -1,0 +1,167 @@
+"""Progress: the scheduler left alone drains the system to idle within a bounded number of
+rounds.
+
+Safety (spec/invariants.py) says nothing bad happens at a step; some round defects break
+no memory invariant at all: a chunked request that is never continued, an aborted one that
+keeps its row, KV and lock, a retracted one that is never re-admitted. The drain asks the
+question a server answers every time its clients go quiet: with no new request, do the
+scheduler's rounds (`Scheduler.event_loop_normal`: a prefill round when one can be formed,
+else a decode round) finish or release every request, and do the sessions' closes
+(`SessionController._close`, or `maybe_reap` at their timeouts) then leave nothing held?
+
+`drain_op` is that scheduler as a pure function of the state: the next operation it runs.
+A run ends idle (no request, no session) within `drain_bound` operations, or P1 names the
+request (or session) still holding on. Whatever the drain leaves behind is then checked
+by the state invariants like any other state: at idle every page is free or cached,
+every row free, every lock dropped.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from kvcheck.spec import hybrid, ops as O
+from kvcheck.spec.model import available_size, enabled, retraction_order
+from kvcheck.spec.state import State
+from kvcheck.spec.violations import Violation
+
+P1 = ("P1", "drains to idle")
+PROGRESS_IDS = dict((P1,))
+"""Progress properties by id (P*), beside the invariants' I*: what a report quotes."""
+
+PREFILL, DECODE = "prefill", "decode"
+
+
+def idle(s: State) -> bool:
+    """No request live and no session open: what the drain must reach."""
+    return not s.reqs and not s.sessions
+
+
+def drain_bound(s: State) -> int:
+    """How many operations the drain may take from s: for each live request, a round for
+    each chunk it has left and each token it may still decode, twice over (prefill and
+    decode rounds alternate, and a retracted request prefills again), plus a close for each
+    session and a few rounds of slack. A drain that needs more is stuck or livelocked."""
+    work = 0
+    for r in dict.values(s.reqs):
+        chunk = s.cfg.chunk_size or r.seqlen or 1
+        chunks = -(-max(r.seqlen - r.extend_end, 1) // chunk)
+        work += 2 * (chunks + max(r.max_new_tokens - len(r.output), 0) + 1)
+    return 2 * work + 2 * len(s.sessions) + 8
+
+
+def progress_key(s: State) -> tuple:
+    """What a drain round must change to count as progress: each live request's phase,
+    prefilled length and output, and the open sessions."""
+    return (tuple((r.rid, r.phase, r.extend_end, len(r.output)) for r in dict.values(s.reqs)),
+            tuple(s.sessions))
+
+
+def drain_op(s: State, last: Optional[O.Op] = None, stalled: int = 0) -> Optional[O.Op]:
+    """The next operation of the scheduler left alone in s, after `last`, when the last
+    `stalled` operations made no progress (`progress_key`); None when idle. Prefill and decode rounds alternate while both have
+    work; where a round of several requests is not modelled (hybrid pools, speculative
+    decoding) the requests go one at a time. When neither kind of round gets anywhere:
+    a decode step short of memory is followed by `retract_decode`'s choice, else what
+    holds the memory is let go (`_unblock`). Sessions close once no request is live."""
+    reqs = list(dict.values(s.reqs))
+    if not reqs:
+        return next((O.CloseSession(sid) for sid in s.sessions), None)
+    waiting = [r.rid for r in reqs if r.phase == "prefill"] + \
+        [r.rid for r in reqs if r.phase == "queued"]
+    decoding = [r for r in reqs if r.phase == "decode"]
+    if stalled >= (2 if waiting and decoding else 1):
+        return _unblock(s, reqs, waiting, decoding)
+    order = (PREFILL, DECODE) if _kind(last) != PREFILL or not decoding else (DECODE, PREFILL)
+    for kind in order:
+        for op in (_prefill_ops(s, waiting) if kind == PREFILL else _decode_ops(s, decoding)):
+            if enabled(s, op):
+                return op
+    return _unblock(s, reqs, waiting, decoding)     # the guards refuse every round
+
+
+def _kind(op) -> Optional[str]:
+    if isinstance(op, (O.ScheduleRound, O.Schedule, O.PrefillChunk)):
+        return PREFILL
+    if isinstance(op, (O.DecodeRound, O.Decode, O.SpecDecode, O.Retract, O.AbortRunning)):
+        return DECODE
+    return None
+
+
+def _prefill_ops(s: State, waiting: list):
+    """The prefill round over every waiting request in queue order (the chunked request
+    first), else the chunked request's next chunk or a waiting request alone, in that
+    order (the first the guard lets run)."""
+    if not waiting:
+        return
+    yield O.ScheduleRound(tuple(waiting))
+    for rid in waiting:
+        yield O.PrefillChunk(rid) if s.reqs[rid].phase == "prefill" else O.Schedule(rid)
+
+
+def _decode_ops(s: State, decoding: list):
+    """The decode round over the running batch, else one request's step at a time."""
+    if not decoding:
+        return
+    yield O.DecodeRound(tuple(r.rid for r in decoding))
+    for r in decoding:
+        yield O.SpecDecode(r.rid, 1, 1) if s.cfg.spec_enabled else O.Decode(r.rid)
+
+
+def _unblock(s: State, reqs: list, waiting: list, decoding: list) -> Optional[O.Op]:
+    """No round gets anywhere. In turn: a request longer than the whole pool leaves (upstream
+    refuses it at entry: `validate_input_length` with `max_req_input_len` below the pool's
+    size; the spec's guard bounds a request by the context length only); a session with no
+    live request closes (its client
+    is done, or `maybe_reap` times it out: session KV stays pinned until then); the first
+    waiting request the round is refused at gives up (`abort_request`), but only when the
+    memory it needs
+    is really held elsewhere (`starved`: session KV over-subscribing the pool wedges the
+    queue upstream, issue #27024); a decode step short of memory is followed by
+    `retract_decode`'s choice (its first victim, or the last request's abort). None: stuck,
+    with memory to spare (P1)."""
+    P = s.cfg.page_size
+    big = next((r for r in reqs if r.phase == "queued" and -(-r.seqlen // P) > s.cfg.num_pages), None)
+    if big is not None:
+        return O.AbortQueued(big.rid)
+    busy = {r.session for r in reqs}
+    sid = next((x for x in s.sessions if x not in busy), None)
+    if sid is not None:
+        return O.CloseSession(sid)
+    r = next((s.reqs[rid] for rid in waiting if starved(s, s.reqs[rid])), None)
+    if r is not None:
+        return O.AbortQueued(r.rid) if r.phase == "queued" else O.AbortRunning(r.rid)
+    if len(decoding) > 1:
+        return O.Retract(retraction_order(decoding)[-1].rid)
+    return O.AbortRunning(decoding[0].rid) if decoding else None
+
+
+def starved(s: State, r) -> bool:
+    """Whether a waiting request's next prefill cannot fit what the pools have free or
+    evictable: no free row for a request without one, no Mamba slot for it, or fewer KV
+    (or SWA) tokens than its next chunk (a queued request's whole extend, its prefix match not counted: an upper bound)."""
+    if (r.row is None and not s.free_rows) or hybrid.mamba_short(s, r):
+        return True
+    if s.cfg.mamba_tree and len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r):
+        return True     # the match's copy-on-write takes a slot too
+    P = s.cfg.page_size
+    left = r.seqlen - r.extend_end
+    need = -(-min(left, s.cfg.chunk_size or left) // P) * P
+    return available_size(s) + s.evictable_size < need or hybrid.swa_admission_short(s, need)
+
+
+def not_drained(s: State, steps: int, bound: int) -> Violation:
+    """P1 on a state the drain did not bring to idle: the request that holds the others up
+    (the chunked request, else the head of the queue, else the first running one: its
+    phase and progress), else the first session still open."""
+    reqs = list(dict.values(s.reqs))
+    r = next((x for phase in ("prefill", "queued", "decode") for x in reqs if x.phase == phase),
+             None)
+    stuck = steps < bound
+    how = f"no operation of the scheduler applies after {steps}" if stuck else \
+        f"still live after {steps} (bound {bound})"
+    if r is not None:
+        return Violation(*P1, f"{how} drain rounds: {r.phase}, {len(r.output)}/{r.max_new_tokens} "
+                         f"output tokens, kv {r.committed}/{r.allocated}, row {r.row}"
+                         + (", marked to finish" if r.to_finish else ""), f"req {r.rid}")
+    sid = next(iter(s.sessions))
+    return Violation(*P1, f"{how} drain rounds: session still open", f"session {sid}")
