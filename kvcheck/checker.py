@@ -249,10 +249,12 @@ class Lockstep:
         self.state, self.prev, self.steps, self.last_op = s, b_spec, i + 1, op
         return rec, None
 
-    def drain(self) -> tuple[list, Optional[Failure]]:
+    def drain(self, skip: Optional[Callable] = None) -> tuple[list, Optional[Failure]]:
         """`Config.drain`: the scheduler alone from here (spec/progress.py `drain_op`), each
         of its operations applied and checked as any step; P1 when the spec is not idle
-        within `drain_bound`. Returns the steps' records (the failing one last) and the
+        within `drain_bound`. `skip(state, op)`: an operation the run leaves out (a
+        recorded finding's trigger, as the walk leaves them out) ends the drain there, with
+        no verdict on progress. Returns the steps' records (the failing one last) and the
         failure, if any."""
         records, bound = [], drain_bound(self.state)
         last, stalled = None, 0
@@ -260,6 +262,8 @@ class Lockstep:
             op = drain_op(self.state, last, stalled)
             if op is None:
                 break
+            if skip is not None and skip(self.state, op):
+                return records, None
             key = progress_key(self.state)
             rec, fail = self.apply(op)
             records.append(rec)
@@ -269,6 +273,9 @@ class Lockstep:
         if idle(self.state) or self.beyond is not None:
             return records, None
         v = not_drained(self.state, len(records), bound)
+        if self.cfg.accept and self.fixed is None:  # after an accepted finding's branch: its
+            self.beyond = Beyond(self.steps, last or self.last_op, v.id, [str(v)])  # consequence
+            return records, None
         return records, _failure(self.steps, last or self.last_op, "spec", [v])
 
     def _release_at_stop(self, b: Beyond) -> Beyond:

@@ -57,7 +57,8 @@ def matches_expectation(exp, failure, backend_name: str) -> bool:
 
 def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
     """Run the trace on the spec and the named backend (kvcheck.backends) in lockstep
-    until the first failure; `on_step(record, failure, result)` after every step."""
+    until the first failure, then, when its config says `drain`, the scheduler alone to
+    idle; `on_step(record, failure, result)` after every step."""
     from kvcheck.backends import resolve
     factory, bname = resolve(backend_name)
     backend = factory(trace.config) if factory else None
@@ -73,6 +74,14 @@ def run_replay(trace, backend_name: str, on_step=None) -> ReplayResult:
                 on_step(rec, fail, res)
             if fail is not None:
                 break
+        if res.failure is None and lock.beyond is None and trace.config.drain:
+            drained, fail = lock.drain()        # the scheduler alone, to idle (P1)
+            for rec in drained:
+                res.records.append(rec)
+                last = rec is drained[-1] and fail is not None
+                res.failure, res.steps = (fail, rec.index) if last else (None, rec.index + 1)
+                if on_step is not None:
+                    on_step(rec, fail if last else None, res)
         res.beyond = lock.beyond
     finally:
         if backend is not None and hasattr(backend, "close"):

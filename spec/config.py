@@ -27,7 +27,7 @@ ACCEPTABLE = {
     "U6": "0.5.23: a queue drop (_release_aborted_request) of a rejected stub clears _inflight",
     "U7": "0.5.22+: a rejected stub admitted in the round of its session's first turn meets "
           "the slot that turn took (StreamingSession.take asserts 'already has a slot')",
-    "U8": "0.5.15 (wrapper era): a rejected stub admitted in the round where its session's "
+    "U8": "0.5.14-0.5.18 (wrapper era): a rejected stub admitted in the round where its session's "
           "first turn finishes releases that turn's new slot in its place and leaks its own "
           "row and KV",
     "M2": "0.5.23 (hybrid SSM): a queued turn on its slot's record, aborted, is finished "

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvcheck.spec import hybrid, ops as O
+from kvcheck.spec import hybrid, mamba_tree, ops as O
 from kvcheck.spec.model import available_size, enabled, retraction_order
 from kvcheck.spec.state import State
 from kvcheck.spec.violations import Violation
@@ -141,8 +141,10 @@ def starved(s: State, r) -> bool:
     (or SWA) tokens than its next chunk (a queued request's whole extend, its prefix match not counted: an upper bound)."""
     if (r.row is None and not s.free_rows) or hybrid.mamba_short(s, r):
         return True
-    if s.cfg.mamba_tree and len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r):
-        return True     # the match's copy-on-write takes a slot too
+    if s.cfg.mamba_tree and (len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r) or
+                             (mamba_tree.chunk_refusal(s, r) if r.phase == "prefill" else
+                              mamba_tree.cow_refusal(s, r))):
+        return True     # the match's (or the chunk's) copy-on-write takes a slot too
     P = s.cfg.page_size
     left = r.seqlen - r.extend_end
     need = -(-min(left, s.cfg.chunk_size or left) // P) * P

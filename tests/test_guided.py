@@ -3,6 +3,8 @@ from it (each mutation keeps operations well-formed), reproducible per seed, rep
 through the walk, and planted faults still found."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import random
 
 import pytest
@@ -31,7 +33,7 @@ def test_walk_applies_a_script_first_leaving_out_what_the_spec_refuses():
     script = [O.OpenSession(5), O.Finish(99), O.SubmitTurn(5, 6, (1, 2, 3), 2), O.Schedule(6)]
     seq = walk(0, 0, None, "spec", Stats(), cfg=Config(), script=script, length=10)
     assert seq.ops[:3] == [script[0], script[2], script[3]]      # Finish(99): not enabled
-    assert len(seq.ops) <= 10 and seq.cfg == Config()
+    assert len(seq.ops) <= 10 and seq.cfg == replace(Config(), drain=True)   # walks drain
     new_ids = [o.rid for o in seq.ops[3:] if isinstance(o, (O.SubmitTurn, O.SubmitRequest))]
     assert all(r > 6 for r in new_ids), "fresh ids must not collide with the script's"
 
@@ -114,7 +116,7 @@ def test_a_drawn_plan_runs_the_walk_engines_own_sequence_and_observe_changes_not
     for i in range(6):
         own = walk(4, i, None, "spec", Stats())
         plan = draw_plan(RandomDrawer(plan_rng(4, i)))
-        assert plan.cfg == own.cfg
+        assert replace(plan.cfg, drain=True) == own.cfg
         got = walk(4, i, None, "spec", Stats(), plan=plan,
                    observe=lambda b, op, out, a, paths: seen.append((b, op, out, a)))
         assert got.ops == own.ops and got.cfg == own.cfg

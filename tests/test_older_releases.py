@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from kvcheck.adapters.sglang.findings import RELEASES
+from kvcheck.spec.config import ACCEPTABLE
 from kvcheck.adapters.sglang.hybrid import release_tuple
 from kvcheck import explore as E
 from kvcheck.backends import config_kw, release_era, release_refusal
@@ -54,9 +55,10 @@ def test_preset_is_0_5_15s_without_swa():
     assert RELEASES["0.5.14"] == RELEASES["0.5.15"]
 
 
-COPIES = {"0.5.14": ("0.5.15", 32), "0.5.16": ("0.5.15", 32), "0.5.17": ("0.5.15", 32),
-          "0.5.18": ("0.5.15", 32), "0.5.19": ("0.5.15", 32), "0.5.22": ("0.5.23", 47)}
-"""release -> (the release whose upstream traces it copies, how many)."""
+COPIES = {"0.5.14": ("0.5.15", 34), "0.5.16": ("0.5.15", 34), "0.5.17": ("0.5.15", 34),
+          "0.5.18": ("0.5.15", 34), "0.5.19": ("0.5.15", 32), "0.5.22": ("0.5.23", 47)}
+"""release -> (the release whose upstream traces it copies, how many: those of the
+findings it has, RELEASES; 0.5.19's shared session record asserts where U8 leaks)."""
 
 
 def _body(path: Path) -> dict:
@@ -77,7 +79,9 @@ def _body(path: Path) -> dict:
 def test_corpus_copies_are_the_neighbour_release_traces(version):
     source, count = COPIES[version]
     copies = sorted(UPSTREAM.glob(f"*-sglang-{version}.json"))
-    originals = sorted(UPSTREAM.glob(f"*-sglang-{source}.json"))
+    originals = [o for o in sorted(UPSTREAM.glob(f"*-sglang-{source}.json"))
+                 if json.loads(o.read_text())["#meta"].get("finding") not in ACCEPTABLE
+                 or json.loads(o.read_text())["#meta"]["finding"] in RELEASES[version]]
     assert len(copies) == len(originals) == count
     for c in copies:
         meta = json.loads(c.read_text())["#meta"]
@@ -155,7 +159,8 @@ def test_0_5_19_is_0_5_18s_scopes_and_findings():
     """0.5.19 keeps the wrapper era's bookkeeping on a shared record (tests/test_shared_record.py)."""
     assert differential_preset("sglang:0.5.19") == "check-sglang-0.5.19"
     assert E.PRESETS["check-sglang-0.5.19"] == E.PRESETS["check-sglang-0.5.18"]
-    assert RELEASES["0.5.19"] == RELEASES["0.5.18"]
+    # its shared record asserts (`kv is slot.kv`) where 0.5.14-0.5.18 leak (U8)
+    assert RELEASES["0.5.19"] == tuple(f for f in RELEASES["0.5.18"] if f != "U8")
     assert "0.5.20" not in RELEASES and "0.5.21" not in RELEASES        # refused
     assert "check-sglang-0.5.20" not in E.PRESETS
     assert release_era("sglang:0.5.19") == "wrapper"

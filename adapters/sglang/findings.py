@@ -16,11 +16,11 @@ from typing import Optional
 from kvcheck.spec import ops as O
 from kvcheck.spec.model import queued_borrow_holds_mamba, refusal, step
 
-RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
+RELEASES = {"0.5.14": ("U1", "U2", "U3", "U8", "M2"),
             "0.5.15": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.16": ("U1", "U2", "U3", "M2"),
-            "0.5.17": ("U1", "U2", "U3", "M2"),
-            "0.5.18": ("U1", "U2", "U3", "M2"),
+            "0.5.16": ("U1", "U2", "U3", "U8", "M2"),
+            "0.5.17": ("U1", "U2", "U3", "U8", "M2"),
+            "0.5.18": ("U1", "U2", "U3", "U8", "M2"),
             "0.5.19": ("U1", "U2", "U3", "M2"),
             "0.5.22": ("U1", "U2", "U6", "U7", "M2"),
             "0.5.23": ("U1", "U2", "U6", "U7", "M2")}
@@ -28,7 +28,8 @@ RELEASES = {"0.5.14": ("U1", "U2", "U3", "M2"),
 copies of those releases' traces, in stateful_tests/upstream/, all as expected there; U3 is
 fixed in 0.5.22; U6 is new there, brought by that fix; U7: the borrow era's slot taken at
 the first turn's allocation, scheduling rounds only; U8: its wrapper-era counterpart,
-checked on 0.5.15 only; U4 is withdrawn: it is the
+0.5.14-0.5.18 (the same abort branch), where 0.5.19-0.5.21's shared record asserts
+`kv is slot.kv` instead; U4 is withdrawn: it is the
 wrong-token consequence of U1/U2; M2: hybrid SSM models only)."""
 
 

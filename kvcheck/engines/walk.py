@@ -168,7 +168,7 @@ def walk(seed: int, index: int, factory: Optional[Callable], backend_name: str,
             stats.record(op, rec.outcome, paths)
             if observe is not None:
                 observe(before, op, rec.outcome, lock.state, paths)
-        drained, seq.failure = lock.drain()
+        drained, seq.failure = lock.drain(draw_skip)
         for rec in drained[:-1] if seq.failure is not None else drained:
             stats.record(rec.op, rec.outcome, ())
         if lock.beyond is not None:
