@@ -64,13 +64,22 @@ SGLANG_TARGETS: tuple = (
                                         "ScheduleBatch.prepare_for_extend",
                                         "ScheduleBatch.prepare_for_decode",
                                         "ScheduleBatch.init_new", "Req.init_next_round_input",
-                                        "Req.set_extend_range", "Req.pop_*")),
+                                        "Req.set_extend_range", "Req.pop_*",
+                                        "ScheduleBatch.check_decode_mem",
+                                        "ScheduleBatch.new_tokens_required_next_decode",
+                                        "ScheduleBatch.retract_decode",
+                                        "ScheduleBatch._get_decode_retraction_order",
+                                        "ScheduleBatch.filter_batch")),
+    # the prefill round's admission: the PrefillAdder and its budgets, the queue's policy
+    ("srt/managers/schedule_policy.py", ("PrefillAdder.*", "SchedulePolicy.*")),
+    ("srt/mem_cache/prefill_budget.py", None),
 )
 """What the sglang adapter drives (adapters/sglang/backend.py): the session wrapper,
 the allocator, the radix cache and 0.5.23's tree components whole; of the large modules, the functions it calls
 (release, cache-unfinished, eviction, allocation, retract) and what they call."""
 SGLANG_INCLUDE = ("*/sglang/srt/session/*", "*/sglang/srt/mem_cache/*",
-                  "*/sglang/srt/managers/schedule_batch.py")
+                  "*/sglang/srt/managers/schedule_batch.py",
+                  "*/sglang/srt/managers/schedule_policy.py")
 
 
 # -- the report -------------------------------------------------------------------------

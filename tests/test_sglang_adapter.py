@@ -164,3 +164,28 @@ def test_o2_runs_in_lockstep_through_the_stale_fill_to_the_double_insert(capsys)
     assert "step  25 schedule(rid=14, admit=True) -> ok: I26: I26 KV content matches the " \
            "tokens it stands for [req 14;" in out
     assert "step  26 finish(rid=14) -> ok: I1, I2, I26" in out and "page owned 2 times" in out
+
+
+_ADMISSION = """
+import json, sys
+from kvcheck.spec.config import Config
+from kvcheck.spec.ops import op_from_json
+from kvcheck.adapters.sglang.probes import admission_probe
+t = json.load(open(sys.argv[1]))
+print(json.dumps(admission_probe(Config.from_json(t["config"]),
+                                 [op_from_json(o) for o in t["ops"]])))
+"""
+
+
+@pytest.mark.skipif(not PY523.exists(), reason="no .venv-sglang-0.5.23")
+def test_upstream_admission_refuses_a_turn_whose_decode_headroom_does_not_fit():
+    """The spec's admission and the release's own PrefillAdder part where upstream
+    reserves max_new_tokens and a page (README.md, "What the spec decides otherwise"):
+    a 2-token turn with max_new_tokens=2 on a 4-token pool."""
+    trace = ROOT / "stateful_tests/upstream/u4-shared-origin-sglang-0.5.23.json"
+    p = subprocess.run([str(PY523), "-c", _ADMISSION, str(trace)], capture_output=True,
+                       text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    diffs = json.loads(p.stdout.strip().splitlines()[-1])
+    assert [(d[0], d[2], d[3]) for d in diffs][:1] == [(2, [3], [])]

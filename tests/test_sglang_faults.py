@@ -42,13 +42,16 @@ def small(version: str, depth: int, scope: str = "sglang-tiny"):
 
 
 # (release, fault, invariant it fails, step, scope), as the bench finds them: on each
-# release's first scope, and the Mamba state a session slot holds (PR #23496) on
-# each release's Mamba scope
+# release's first scope, the Mamba state a session slot holds (PR #23496) on each
+# release's Mamba scope, and the round code on its rounds scope
 CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
           ("0.5.23", "lock_not_handed_over", "D1", 2, "sglang-tiny"),
           ("0.5.23", "close_not_deferred", "I22", 2, "sglang-tiny"),
           ("0.5.15", "ephemeral_slot_no_mamba", "L1", 3, "sglang-mamba-tree"),
-          ("0.5.23", "close_keeps_mamba", "I44", 4, "sglang-mamba-tree")]
+          ("0.5.23", "close_keeps_mamba", "I44", 4, "sglang-mamba-tree"),
+          # upstream's own round code: PrefillAdder's budget, alloc_for_extend's rows
+          ("0.5.15", "round_charge_leak", "D2", 3, "sglang-rounds"),
+          ("0.5.23", "extend_rows_swapped", "C4", 4, "sglang-rounds")]
 
 
 @pytest.mark.parametrize("version,fault,inv,step,scope",

@@ -4,11 +4,12 @@ checks in concrete.py, the release and its process set-up in release.py).
 
 Runs INSIDE an sglang venv (adapters/sglang/make_env.sh VERSION): every pool, allocator,
 radix tree, StreamingSession, SessionSlot, Req, Session, SessionController and the
-ScheduleBatch / mem_cache.common helpers are upstream's own objects. What this file
-emulates is the scheduler glue around them (admission, chunking, decode results,
-overlap lookahead, speculative over-allocation, retraction, deferred-close reaping);
-each emulated step is a small method named after the upstream function it stands in
-for. README.md in this directory states that fidelity boundary.
+ScheduleBatch / mem_cache.common helpers are upstream's own objects, and so are a round's
+PrefillAdder, check_decode_mem and retract_decode. What this file emulates is the
+scheduler glue around them (the spec's admission test inside the PrefillAdder, decode
+results, overlap lookahead, speculative over-allocation, deferred-close reaping); each
+emulated step is a small method named after the upstream function it stands in for.
+README.md in this directory states that fidelity boundary.
 
 Two upstream API shapes are supported:
   * "flat"   (wrapper era; tested on 0.5.14-0.5.19): StreamingSession(RadixCache) (0.5.19:

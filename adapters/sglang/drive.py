@@ -11,20 +11,33 @@ from kvcheck.spec.pages import ceil_align, chunk_end, pages_needed_extend
 from kvcheck.adapters.sglang import hybrid, swa_tree
 from kvcheck.adapters.sglang.release import SAMPLED_TOKEN, VOCAB, _Live
 
-class _RoundBudget:
-    """What one PrefillAdder has left while it admits a round (kvcheck's glue, as
-    spec/model.py `_Budget`): rows, KV tokens reserved by the requests admitted
-    (page-ceiled extends), the chunk (None: unchunked)."""
+class _RoundKV:
+    """What the spec's admission reads beside upstream's PrefillAdder (kvcheck's glue, as
+    spec/model.py `_Budget`): the rows left and the KV tokens the admitted requests
+    reserve (their page-ceiled new pages). Upstream's own budget (`PrefillBudget` /
+    `rem_total_tokens`) also reserves each request's max_new_tokens and a page, and the
+    running batch's remaining output; the spec does not (adapters/sglang/README.md)."""
 
-    def __init__(self, rows: int, chunk):
-        self.rows, self.reserved, self.chunk = rows, 0, chunk
+    def __init__(self, rows: int):
+        self.rows, self.reserved = rows, 0
 
-    def charge(self, item: tuple, new_row: bool, P: int) -> None:
-        _, prefix, end, _ = item
+    def charge(self, prefix: int, end: int, new_row: bool, P: int) -> None:
         self.reserved += pages_needed_extend(prefix, end, P) * P
         self.rows -= new_row
-        if self.chunk is not None:
-            self.chunk -= ceil_align(end - prefix, P)
+
+
+class _RetractHook:
+    """The running batch's `release_req` during `retract_decode`: the victim's overlap
+    lookahead (`Drive._lookahead`, the step already prepared under overlap scheduling),
+    then upstream's own `ScheduleBatch.release_req`."""
+
+    def __init__(self, drive, batch, by_req: dict):
+        self.drive, self.batch, self.by_req = drive, batch, by_req
+
+    def __call__(self, idx, *args, **kwargs):
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+        self.drive._lookahead(self.by_req[id(self.batch.reqs[idx])])
+        return ScheduleBatch.release_req(self.batch, idx, *args, **kwargs)
 
 
 class Drive:
@@ -76,30 +89,30 @@ class Drive:
         return self._round(list(op.rids), op.limit)
 
     def _round(self, rids: list, limit) -> str:
-        """get_new_batch_prefill: the chunked request's checkpoint and next chunk, then
-        each waiting request's `init_next_round_input` (match_prefix) and the PrefillAdder
-        admission (persistent lock; the round's row, KV and chunk budgets, shared) until
-        one is refused; then upstream's own `ScheduleBatch.init_new(can_run_list)
+        """get_new_batch_prefill: upstream's own `PrefillAdder` holds the round (its
+        `rem_chunk_tokens` and `rem_input_tokens`, `can_run_list`, `new_chunked_req`, the
+        lock it takes, `_update_prefill_budget`'s charge, `budget_state()`'s verdict after
+        each request); the chunked request first (`add_chunked_req`), then each waiting
+        request's `init_next_round_input` (match_prefix) and admission, until one is
+        refused or the verdict is OTHER; then `ScheduleBatch.init_new(can_run_list)
         .prepare_for_extend()` allocates rows and KV for the whole batch and runs the
         session hooks, and its result is processed request by request."""
-        budget = _RoundBudget(self.pool.available_size(), self.cfg.chunk_size)
+        adder = self._prefill_adder()
+        kv = _RoundKV(self.pool.available_size())
         batch = []
         for i, rid in enumerate(rids):
-            if budget.chunk is not None and budget.chunk <= 0:
+            if self._budget_spent(adder):
                 break
             L = self.live[rid]
             refused = limit is not None and i >= limit
             if L.phase == "prefill":
-                item = self._add_chunked_req(L, budget, refused)
+                item = self._add_chunked_req(adder, L, kv, refused)
             else:
-                item = self._add_one_req(L, budget, refused)
+                item = self._add_one_req(adder, L, kv, refused)
                 if item is None:
                     break
             if item is not None:
                 batch.append(item)
-                budget.charge(item, self._row(L.req) is None, self.P)
-                if item[2] < item[3] and L.phase != "prefill":
-                    break           # the new chunked request spends the chunk budget
         if batch:
             self._extend_batch(batch)
             for L, _, end, input_len in batch:
@@ -108,41 +121,104 @@ class Drive:
                     self._prefill_result(L)
         return "ok" if len(batch) == len(rids) else "rejected"
 
-    def _add_one_req(self, L, budget, refused: bool):
-        """init_next_round_input and PrefillAdder.add_one_req (kvcheck's admission glue):
-        (L, prefix, end, input_len), or None when the request is refused."""
+    @staticmethod
+    def _budget_spent(adder) -> bool:
+        """`budget_state()`'s OTHER verdict, read from upstream's own PrefillAdder
+        budgets: `rem_input_tokens` or `rem_chunk_tokens` spent. (Its NO_TOKEN verdict is
+        upstream's reservation of max_new_tokens and a page per request, which the spec
+        does not model, and which budget_state checks first.)"""
+        return adder.rem_input_tokens <= 0 or \
+            (adder.rem_chunk_tokens is not None and adder.rem_chunk_tokens <= 0)
+
+    def _prefill_adder(self):
+        """The round's `PrefillAdder`, as `_get_new_batch_prefill_raw` builds it: no
+        running batch (its reservation is not modelled), `max_prefill_tokens` unbounded,
+        `chunked_prefill_size` the config's."""
+        from sglang.srt.managers.schedule_policy import PrefillAdder
+        return PrefillAdder(self.P, self.cache, self.alloc, None, 1.0, 1 << 30,
+                            self.cfg.chunk_size)
+
+    def _add_one_req(self, adder, L, kv, refused: bool):
+        """init_next_round_input, then PrefillAdder.add_one_req: under upstream's own
+        temporary lock (`_lock_node`) the spec's admission test (`_admits`), then
+        upstream's commit (`_commit`): extend range, persistent lock, `can_run_list`,
+        `new_chunked_req`, the budget charge. (L, prefix, end, input_len), or None when
+        the request is refused."""
         req = L.req
         req.init_next_round_input(self.cache)                 # match_prefix
         if self.shared:
             self._note_slot_copies(restored=req)
         prefix = self._prefix_len(req)
         input_len = len(req.origin_input_ids) + len(req.output_ids)
-        end = chunk_end(prefix, input_len, budget.chunk, self.P)
+        end = chunk_end(prefix, input_len, adder.rem_chunk_tokens, self.P)
         if refused or end <= prefix < input_len:
             self._rejected(req)
             return None
-        self._lock(L)                                         # _req_inc_lock_ref
-        no_row = self._row(req) is None and budget.rows < 1
-        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
-        if no_row or hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or \
-                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0] or \
-                (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)):
-            self._unlock(L)
+        with adder._lock_node(req.last_node):
+            fits = self._admits(L, kv, prefix, end, waiting=True)
+        if not fits:
             self._rejected(req)
             return None
+        kv.charge(prefix, end, self._row(req) is None, self.P)
+        self._commit(adder, L, prefix, end, input_len)
         return L, prefix, end, input_len
 
-    def _add_chunked_req(self, L, budget, refused: bool):
-        """The chunked request's next round: its checkpoint (`_checkpoint_chunk`), then
-        PrefillAdder.add_chunked_req sizes the chunk by what the round has left; None
-        when the KV budget does not take it."""
+    def _admits(self, L, kv, prefix: int, end: int, waiting: bool) -> bool:
+        """The spec's admission test (spec/model.py `_add_one_req`, kvcheck's glue in place
+        of `PrefillBudget.check_prefill` / `rem_total_tokens`): a row, the Mamba slots, the
+        round's new pages against available + evictable, the SWA budget."""
+        req = L.req
+        need = pages_needed_extend(prefix, end, self.P) * self.P + kv.reserved
+        if need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0]:
+            return False
+        if not waiting:
+            return True
+        return not ((self._row(req) is None and kv.rows < 1) or
+                    hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or
+                    (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)))
+
+    def _commit(self, adder, L, prefix: int, end: int, input_len: int) -> None:
+        """What add_one_req does once a request is admitted: 0.5.22+
+        `_commit_prefill_admission` itself; the flat API the same steps of its
+        `add_one_req` (0.5.15 schedule_policy.py l.1085-1135): `set_extend_range`,
+        `can_run_list`, `new_chunked_req`, `_req_inc_lock_ref`, `_update_prefill_budget`."""
+        req = L.req
+        chunked = end < input_len
+        max_new = 0 if chunked else req.sampling_params.max_new_tokens
+        if self.api == "borrow":
+            from sglang.srt.managers.schedule_policy import _PrefillAdmission
+            shape = dict(prefix_len=prefix, extend_len=end - prefix, max_new_tokens=max_new,
+                         is_chunked=chunked)
+            if "replay_len" in _PrefillAdmission.__dataclass_fields__:
+                shape["replay_len"] = 0     # 0.5.23: encoder replay's recomputed rows
+            adder._commit_prefill_admission(req, _PrefillAdmission(**shape), 0)
+        else:
+            self._set_extend_range(req, prefix, end)
+            adder.can_run_list.append(req)
+            if chunked:
+                adder.new_chunked_req = req
+            adder._req_inc_lock_ref(req)
+            adder._update_prefill_budget(prefix, end - prefix, max_new, req.retracted_stain)
+        L.locked = True
+
+    def _add_chunked_req(self, adder, L, kv, refused: bool):
+        """The chunked request's next round: its checkpoint (`_checkpoint_chunk`), then,
+        when the spec's KV test takes the chunk, upstream's own
+        `PrefillAdder.add_chunked_req` (it sizes the chunk by `rem_chunk_tokens`, sets
+        the extend range and charges the budget). None when the chunk is not taken."""
         prefix, input_len = self._checkpoint_chunk(L)
-        end = chunk_end(prefix, input_len, budget.chunk, self.P)
-        need = pages_needed_extend(prefix, end, self.P) * self.P + budget.reserved
-        if refused or end <= prefix or \
-                need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0]:
+        end = chunk_end(prefix, input_len, adder.rem_chunk_tokens, self.P)
+        if refused or end <= prefix or not self._admits(L, kv, prefix, end, waiting=False):
             return None
-        return L, prefix, end, input_len
+        adder.add_chunked_req(L.req)
+        kv.charge(prefix, end, False, self.P)
+        return L, prefix, self._extend_end(L.req), input_len
+
+    def _extend_end(self, req) -> int:
+        """Where the extend the PrefillAdder recorded ends (`_set_extend_range`'s field)."""
+        if self.api == "borrow":
+            return req.extend_end
+        return req.extend_range.end if hasattr(req, "set_extend_range") else req.fill_len
 
     def _rejected(self, req) -> str:
         """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
@@ -286,57 +362,77 @@ class Drive:
         evict, reset_for_retract); the request goes back to the waiting queue."""
         self._lookahead(L)
         self._release_req(L)
+        self._retracted(L)
+
+    @staticmethod
+    def _retracted(L) -> None:
+        """The scheduler's view of a retracted request: waiting again, nothing held."""
         L.phase = "queued"
         L.locked = False
         L.batch = None
 
     def _op_decode_round(self, op):
-        """update_running_batch and a decode step over the batch (kvcheck's glue, the
-        same steps as upstream's `check_decode_mem`, `retract_decode` and the batch's
-        `prepare_for_decode`): the batch's check, victims in retract_decode's order when
-        it fails, one eviction for the batch, then each request's upstream
-        prepare_for_decode (which then evicts nothing), forward and result, in batch
-        order."""
-        batch = [self.live[rid] for rid in op.rids]
+        """update_running_batch and a decode step over the running batch, all upstream's:
+        the batch merged from the requests' own (`merge_batch`), its `check_decode_mem`,
+        `retract_decode` when that fails (each victim through `_RetractHook`), then the
+        batch's `prepare_for_decode` (one eviction and `alloc_for_decode` for the whole
+        batch); the forward's KV and the result in batch order."""
+        lives = [self.live[rid] for rid in op.rids]
+        batch = self._merged_batch(lives)
         out = "ok"
-        if not self._decode_mem_fits(batch):
-            batch = self._retract_decode(batch)
+        if not batch.check_decode_mem():
+            lives = self._retract_decode(batch, lives)
             out = "oom"
-        self._evict_from_tree_cache(len(batch) * self.P)
-        for L in batch:
-            pos = self._lens(L.req)[0]
-            self._prepare_for_decode(L)
-            self._write_shadow(L.req, pos, pos + 1)
-        for L in batch:
+        if lives:
+            pos = [self._lens(L.req)[0] for L in lives]
+            self.forward_iter = getattr(self, "forward_iter", -1) + 1
+            batch.forward_iter = self.forward_iter
+            batch.prepare_for_decode()
+            for L, p in zip(lives, pos):
+                self._write_shadow(L.req, p, p + 1)
+        for L in lives:
             L.req.output_ids.append(SAMPLED_TOKEN)
-        for L in batch:
+        for L in lives:
             self._check_finished(L)
         return out
 
-    def _decode_mem_fits(self, batch: list) -> bool:
-        """ScheduleBatch.check_decode_mem (0.5.15 l.2453, 0.5.23 l.3432): a page for each
-        request whose next token starts one, after evict_from_tree_cache."""
-        need = self.P * sum(1 for L in batch if self._lens(L.req)[0] % self.P == 0)
-        self._evict_from_tree_cache(need)
-        return self.alloc.available_size() >= need
+    def _merged_batch(self, lives: list):
+        """The running batch: each request's own batch (tensors re-derived,
+        `_sync_batch`) merged into one by upstream's `merge_batch`, as the scheduler's
+        running batch grows by each prefill batch."""
+        for L in lives:
+            self._sync_batch(L)
+        whole = self._batch_copy(lives[0].batch)
+        for L in lives[1:]:
+            whole.merge_batch(L.batch)
+        return whole
 
-    def _retract_decode(self, batch: list) -> list:
-        """ScheduleBatch.retract_decode (0.5.15 l.2470-2530, 0.5.23 l.3451-3540): the keep
-        order (output length, then the shorter prompt, reversed), one victim at least,
-        more until the rest fits; the last one aborted when even it does not fit."""
-        kept = sorted(batch, key=lambda L: (len(L.req.output_ids), -len(L.req.origin_input_ids)),
-                      reverse=True)
-        first = True
-        while first or not self._decode_mem_fits(kept):
-            if len(kept) == 1:
-                break
-            first = False
-            self._retract(kept.pop())
-        if len(kept) <= 1 and not self._decode_mem_fits(kept):
-            last = kept.pop()           # FINISH_ABORT: released as a retraction, then only
-            self._retract(last)         # an abort output is sent (no session or cache call)
-            self.live.pop(last.rid)
-        return [L for L in batch if any(L is k for k in kept)]
+    @staticmethod
+    def _batch_copy(batch):
+        """A batch that merge_batch / filter_batch may rebind or extend (0.5.15's
+        `merge_batch` extends its lists in place) without touching `batch`."""
+        one = copy.copy(batch)
+        one.sampling_info = copy.copy(batch.sampling_info)
+        for name, value in vars(batch).items():
+            if isinstance(value, list):
+                setattr(one, name, list(value))
+        return one
+
+    def _retract_decode(self, batch, lives: list) -> list:
+        """Upstream's `ScheduleBatch.retract_decode` (0.5.15 `schedule_batch.py` l.2470,
+        0.5.23 l.3451): its victim order, victims until the rest fits, the last one
+        aborted; each victim's release goes through `_RetractHook`. The requests left, in
+        the order upstream's `filter_batch` keeps them."""
+        from sglang.srt.server_args import get_global_server_args
+        by_req = {id(L.req): L for L in lives}
+        batch.release_req = _RetractHook(self, batch, by_req)
+        args = (get_global_server_args(),) if self.api == "flat" else ()
+        retracted, _, aborted = batch.retract_decode(*args)
+        for req in retracted + aborted:
+            self._retracted(by_req[id(req)])
+        for req in aborted:         # FINISH_ABORT: only an abort output is sent
+            self.live.pop(by_req[id(req)].rid)
+        return [by_req[id(req)] for req in batch.reqs]
 
     def _op_close_session(self, op):
         from sglang.srt.managers.io_struct import CloseSessionReqInput
@@ -422,8 +518,7 @@ class Drive:
             self._set_extend_range(L.req, prefix, end)
         whole = self._prepare_for_extend([L.req for L, *_ in batch])
         for i, (L, prefix, end, _) in enumerate(batch):
-            one = copy.copy(whole)          # filter_batch rebinds the batch's fields
-            one.sampling_info = copy.copy(whole.sampling_info)     # and this one's
+            one = self._batch_copy(whole)
             one.filter_batch(keep_indices=[i])
             L.batch = one
             self._write_shadow(L.req, prefix, end, list(L.req.get_fill_ids()))

@@ -1,7 +1,8 @@
 """Probes of the real release's hybrid trees, each built as the adapter builds it and run
 beside the spec (the checker's own lockstep): `kvcheck.adapters.sglang.proxy`'s
 swa_probe, swa_unified_probe, mamba_tree_probe and queued_borrowed_abort_probe ask the
-served release (run_trace) for these. They sit above the backend (they build one), the
+served release (run_trace) for these; `admission_probe` compares a round's admission with
+upstream's unmodified PrefillAdder on a fork. They sit above the backend (they build one), the
 trees' helpers below it."""
 from __future__ import annotations
 
@@ -126,4 +127,54 @@ def swa_unified_probe(cfg, names=None) -> dict:
         out[name] = dict(steps=steps, first_divergence=None if fail is None else dict(
             step=fail.step, op=fail.op.name, id=fail.id, side=fail.side,
             lines=[str(v) for v in fail.violations[:4]] + list(fail.details[:8])))
+    return out
+
+
+def upstream_admission(backend, op) -> tuple:
+    """Which of a prefill round's requests the release's own admission takes: on a fork
+    of `backend`, upstream's unmodified `PrefillAdder` loop (`add_chunked_req` for the
+    chunked request, then per waiting request `init_next_round_input` and `add_one_req`
+    until its verdict is not CONTINUE; the scheduler's row check before each match), where
+    the adapter runs the spec's admission test (README.md, "What the spec decides
+    otherwise"). The rids in its `can_run_list`, in order."""
+    from sglang.srt.managers.schedule_policy import AddReqResult
+    fork = backend.fork()
+    rids = list(op.rids) if isinstance(op, O.ScheduleRound) else [op.rid]
+    adder = fork._prefill_adder()
+    for rid in rids:
+        L = fork.live[rid]
+        if L.phase == "prefill":
+            fork._checkpoint_chunk(L)
+            adder.add_chunked_req(L.req)
+            continue
+        if len(adder.can_run_list) >= fork.pool.available_size():
+            break                       # get_num_allocatable_reqs: batch_is_full
+        L.req.init_next_round_input(fork.cache)
+        if adder.add_one_req(L.req, has_chunked_req=False,
+                             truncation_align_size=None) != AddReqResult.CONTINUE:
+            break
+    taken = {id(r) for r in adder.can_run_list}
+    return tuple(rid for rid in rids if id(fork.live[rid].req) in taken)
+
+
+def admission_probe(cfg, ops) -> list:
+    """Replay `ops` on the release as the adapter drives it and, before each admitting
+    prefill round, ask `upstream_admission` what the release's own admission takes:
+    [(step, op, the adapter's admitted rids (the spec's rule), upstream's)] for every
+    round where the two differ."""
+    backend = SglangBackend(cfg)
+    out = []
+    for i, op in enumerate(ops):
+        admits = isinstance(op, O.ScheduleRound) and op.limit is None or \
+            isinstance(op, O.Schedule) and op.admit
+        upstream = upstream_admission(backend, op) if admits else None
+        before = {rid: L.phase for rid, L in backend.live.items()}
+        backend.apply(op)
+        if upstream is None:
+            continue
+        rids = op.rids if isinstance(op, O.ScheduleRound) else (op.rid,)
+        spec = tuple(r for r in rids if before.get(r) == "prefill" or
+                     r not in backend.live or backend.live[r].phase != "queued")
+        if spec != upstream:
+            out.append((i, op.to_json(), spec, upstream))
     return out

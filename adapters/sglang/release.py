@@ -118,6 +118,11 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
     when the page size changes."""
     if not _SETUP:
         os.environ.setdefault("TRITON_INTERPRET", "1")   # 0.5.11-0.5.21 paged kernels
+        # retract_decode's release_req evicts `remaining * SGLANG_RETRACT_DECODE_STEPS`
+        # tokens after each victim (0.5.15 schedule_batch.py l.1608, 0.5.23 l.2390), a
+        # look-ahead eviction the spec's decode round does not model (README.md, "What
+        # the spec decides otherwise"): the releases run with it off
+        os.environ["SGLANG_RETRACT_DECODE_STEPS"] = "0"
         try:
             import triton  # noqa: F401  (real triton present?)
             stub_triton = False
