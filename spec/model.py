@@ -504,7 +504,14 @@ def evict_for_alloc_swa(s: State, n: int) -> None:
 def cache_unfinished_req_inner(s: State, req: Req) -> None:
     """Inner `RadixCache.cache_unfinished_req` (DOMAIN.md 2.4): the page-aligned
     committed prefix moves into the tree and the lock moves with it. A disabled tree
-    (`checkpoint_into_tree`: `if self.disable`) keeps nothing and moves no lock."""
+    (`checkpoint_into_tree`: `if self.disable`) keeps nothing and moves no lock. In the
+    wrapper era a request anchored on its session slot's virtual node reaches it only once
+    detached from its session (after an accepted U2's second `finish_req`): 0.5.15's inner
+    tree then unlocks the virtual node and raises."""
+    if s.cfg.era == "wrapper" and req.last_node is not None and req.last_node[0] == "virtual":
+        raise ModelError(f"RadixCache.dec_lock_ref: req {req.rid}, detached from its session, "
+                         f"still anchored on session {req.last_node[1]}'s virtual node",
+                         upstream=("'_VirtualNode' object has no attribute 'lock_ref'",))
     if s.cfg.disable_radix_cache:
         return
     if mamba_tree.on(s):
