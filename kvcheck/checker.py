@@ -21,7 +21,7 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.invariants import check_state, check_step
 from kvcheck.spec.model import ModelError, initial_state, refusal, step, within_accepted
 from kvcheck.spec.ops import Op
-from kvcheck.spec.progress import drain_bound, drain_op, idle, not_drained, progress_key
+from kvcheck.spec.progress import drain_bound, drain_op, idle, not_drained, progress_key, rescues
 from kvcheck.spec.state import State
 from kvcheck.spec.view import abstract
 from kvcheck.spec.violations import Violation
@@ -254,7 +254,8 @@ class Lockstep:
         of its operations applied and checked as any step; P1 when the spec is not idle
         within `drain_bound`. `skip(state, op)`: an operation the run leaves out (a
         recorded finding's trigger, as the walk leaves them out) ends the drain there, with
-        no verdict on progress. Returns the steps' records (the failing one last) and the
+        no verdict on progress; so does, under `Config.accept`, a client's abort or close
+        the drain needs to go on (`rescues`). Returns the steps' records (the failing one last) and the
         failure, if any."""
         records, bound = [], drain_bound(self.state)
         last, stalled = None, 0
@@ -262,8 +263,10 @@ class Lockstep:
             op = drain_op(self.state, last, stalled)
             if op is None:
                 break
-            if skip is not None and skip(self.state, op):
-                return records, None
+            if (skip is not None and skip(self.state, op)) or \
+                    (self.cfg.accept and rescues(self.state, op)):
+                return records, None    # unjudged: a left-out trigger; under --accept, the
+                                        # model follows a release's rounds, not its clients
             key = progress_key(self.state)
             rec, fail = self.apply(op)
             records.append(rec)

@@ -79,6 +79,14 @@ def drain_op(s: State, last: Optional[O.Op] = None, stalled: int = 0) -> Optiona
     return _unblock(s, reqs, waiting, decoding)     # the guards refuse every round
 
 
+def rescues(s: State, op: O.Op) -> bool:
+    """Whether a drain operation is a client's or a timeout's (`_unblock`: a close while
+    requests are live, an abort, a retraction outside a decode round), not a round the
+    scheduler runs by itself."""
+    return isinstance(op, (O.AbortQueued, O.AbortRunning, O.Retract)) or \
+        (isinstance(op, O.CloseSession) and bool(s.reqs))
+
+
 def _kind(op) -> Optional[str]:
     if isinstance(op, (O.ScheduleRound, O.Schedule, O.PrefillChunk)):
         return PREFILL
