@@ -103,6 +103,7 @@ class Result:
     backend_check: str = ""           # `--backend impl`: the transition check's verdict line
     beyond_traces: dict = field(default_factory=dict)   # kind -> trace of the first stop
                                       # where the backend alone differed (TransitionReport.differs)
+    workers: "WorkerTimes" = field(default_factory=lambda: WorkerTimes())
 
     def bytes_per_state(self, sample: int = 2000) -> float:
         """Memory of the visited set and the parent links per distinct state (a sample of
@@ -119,6 +120,33 @@ class Result:
     @property
     def states_per_s(self) -> float:
         return self.states / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class WorkerTimes:
+    """Where a parallel search's CPU went: each worker's CPU seconds, per level and in
+    all (empty for a search in one process)."""
+    levels: list = field(default_factory=list)      # per level: {worker: CPU seconds}
+
+    def level(self) -> None:
+        self.levels.append({})
+
+    def note(self, w: int, cpu: float) -> None:
+        self.levels[-1][w] = cpu
+
+    @property
+    def count(self) -> int:
+        return 1 + max((w for lv in self.levels for w in lv), default=0)
+
+    @property
+    def cpu(self) -> float:
+        return sum(sum(lv.values()) for lv in self.levels)
+
+    @property
+    def critical(self) -> float:
+        """CPU seconds of the busiest worker of each level, summed: the wall time the
+        levels take on free cores, every worker waiting for the slowest."""
+        return sum(max(lv.values(), default=0.0) for lv in self.levels)
 
 
 def _whole_key(key: tuple) -> tuple:
