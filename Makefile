@@ -12,7 +12,7 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= dev,ray,mutation
+EXTRAS ?= dev,ray,mutation,cython
 COVERAGE_FLAGS ?=
 MUTATION_SAMPLE ?= 20
 # the sample's floor: 20 mutants are 5 points each; the goal over all mutants is 90
@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	$(PY) -m kvcheck.compiled setup
 	touch $(STAMP)
 
 check: $(STAMP)
@@ -50,8 +51,9 @@ replay: $(STAMP)
 explore: $(STAMP)
 	$(VENV)/bin/kvcheck explore
 
-# optional: the explorer's modules compiled by Cython from the same .py sources
-# (build/cython/, refused once a source changes); without it everything runs interpreted
+# the explorer's modules compiled by Cython from the same .py sources (build/cython/,
+# refused once a source changes; `make venv` builds it where a C compiler is present);
+# without it everything runs interpreted
 cython: $(STAMP)
 	$(PY) -m pip install -q "Cython>=3.1,<3.3"
 	$(PY) -m kvcheck.compiled build

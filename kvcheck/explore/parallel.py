@@ -196,10 +196,23 @@ class ParallelLevels:
                            keep if kept else None)
 
 
+def _die_with_parent() -> None:
+    """On Linux, SIGTERM when the coordinator's process dies (a `kvcheck check` worker
+    stopped by its driver cannot close its pool), so that no worker outlives the search;
+    elsewhere a worker ends when its pipe closes, at the end of the range it expands."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)           # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _serve(conn, make_worker) -> None:
     """A forked worker's loop: calls from the coordinator, each answered in order (commit
     is not answered); any exception goes back as ("error", traceback)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     worker = make_worker()
     while True:
         try:
