@@ -23,7 +23,7 @@ EXPLORE_FLAGS ?=
 # make test: one pytest worker per core (pytest-xdist); PYTEST_FLAGS= runs it in one process
 PYTEST_FLAGS ?= -n auto --dist worksteal
 
-.PHONY: venv check test fuzz replay explore prove selftest bench bench-sglang check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
+.PHONY: venv check test fuzz replay explore prove selftest bench bench-sglang check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly explore-nightly-rounds coverage mutation mutation-sample
 
 venv: $(STAMP)
 
@@ -64,6 +64,11 @@ explore-compiled: $(STAMP)
 # the nightly scope: 2 sessions x 3 turns + a plain request (compiled when built)
 explore-nightly: $(STAMP)
 	$(PY) -m kvcheck.run_compiled explore --preset nightly $(EXPLORE_FLAGS)
+
+# three sessions and the scheduling rounds: days of one core, so on every core
+# (WORKERS=N; EXPLORE_FLAGS="--ray ADDRESS" for a cluster, "--max-seconds S" bounds it)
+explore-nightly-rounds: $(STAMP)
+	$(PY) -m kvcheck.run_compiled explore --preset nightly-rounds --workers $(or $(WORKERS),$(shell nproc 2>/dev/null || echo 1)) $(EXPLORE_FLAGS)
 
 prove: $(STAMP)
 	$(VENV)/bin/kvcheck prove
