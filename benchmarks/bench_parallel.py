@@ -81,10 +81,24 @@ def rows(runs: list) -> list:
                      f"{r.per_state_us - base.per_state_us:+.0f} us CPU/state "
                      f"(coordinator {r.coordinator_cpu / r.states * 1e6:.0f}), balance "
                      f"{r.worker_cpu / r.workers / max(r.critical, 1e-9):.2f}, "
-                     f"per worker {r.states / max(r.worker_cpu, 1e-9) * 1:,.0f} states/CPU-s"
+                     f"per worker {r.states / max(r.worker_cpu, 1e-9):,.0f} states/CPU-s"
                      + ("" if r.same == base.same else "; NOT THE SAME RESULT"))
         out.append((r.label, line))
+    par = [r for r in runs if r.workers > 1]
+    if par:
+        out.append(("projection to 100,000 states/s", projection(base, par[0])))
     return out
+
+
+def projection(base: ParRun, r: ParRun) -> str:
+    """Workers for 100,000 distinct states per second at the run's per-worker CPU rate and
+    balance, and the rate at which the coordinator alone (its CPU per state, all of it
+    serial) would be the limit."""
+    per_worker = r.states / max(r.workers * r.critical, 1e-9)    # rate x balance
+    cap = r.states / max(r.coordinator_cpu, 1e-9)
+    return (f"about {100_000 / per_worker:.0f} workers at {per_worker:,.0f} states/s each "
+            f"(this run's per-worker rate and balance, the same cores); the coordinator "
+            f"merges at most {cap:,.0f} states/s")
 
 
 def main(argv=None) -> int:
