@@ -77,9 +77,11 @@ selftest: $(STAMP)
 	$(VENV)/bin/kvcheck selftest
 
 # one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part;
+# the search on 1 and 2 workers and on Ray;
 # each table is written into docs/speed.md under the machine it ran on
 bench: $(STAMP)
 	$(PY) -m benchmarks.doc summary docs/speed.md --from "== summary" -- $(PY) -m benchmarks.summary
+	$(PY) -m benchmarks.doc parallel docs/speed.md -- $(PY) -m benchmarks.bench_parallel --ray
 	$(PY) -m benchmarks.doc coverage docs/speed.md -- $(PY) -m benchmarks.bench_coverage
 
 # the exhaustive differential against each release with each planted upstream fault

@@ -4,8 +4,6 @@
   explore  distinct states per CPU-second on check-overlap, the old explorer vs the new
            one (same scope, same state count), the visited set's bytes per state, and
            the whole search's on the nightly preset, levels kept vs rebuilt
-  parallel the search in one process, on 2 forked workers and on 2 local Ray actors:
-           states per second (wall and CPU), the exchange's CPU per state, the balance
   fuzz     spec+impl steps per CPU-second, Hypothesis machine vs walk engine
   detect   seconds to the first report per planted fault, both engines
   scale    1 worker vs 2 worker processes: wall speedup and steps per CPU-second, with
@@ -30,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-PARTS = ("explore", "parallel", "fuzz", "detect", "scale", "check", "exhaustive")
+PARTS = ("explore", "fuzz", "detect", "scale", "check", "exhaustive")
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -111,24 +109,6 @@ def _compiled_row(sc, new, t_old) -> list:
     return [("explore: new explorer, Cython build, states/CPU-s",
              f"{states / cpu:,.0f}  (x{t_old / cpu:.2f})"
              + ("" if same else f" ({states:,} states: NOT THE SAME)"))]
-
-
-def parallel_rows(quick: bool) -> list:
-    """The search on preset bench's scope in one process, on 2 forked workers and on 2
-    Ray actors of a local Ray (when ray is installed), side by side
-    (benchmarks/bench_parallel.py)."""
-    import importlib.util
-    from dataclasses import replace
-
-    from benchmarks.bench_parallel import measure, rows
-    from kvcheck import explore as E
-    sc = E.PRESETS["bench"][0]
-    if quick:
-        sc = replace(sc, max_depth=7)
-    runs = [measure(sc, 1), measure(sc, 2)]
-    if importlib.util.find_spec("ray") is not None:
-        runs.append(measure(sc, 2, "", "2 Ray actors, local Ray (with its start)"))
-    return [(f"parallel {sc.name}: {label}", line) for label, line in rows(runs)]
 
 
 def fuzz_rows(quick: bool) -> list:
@@ -218,7 +198,7 @@ def exhaustive_rows(quick: bool) -> list:
              + (f" (missed: {', '.join(m['missed'])})" if m["missed"] else ""))]
 
 
-MEASURE = {"explore": explore_rows, "parallel": parallel_rows, "fuzz": fuzz_rows, "detect": detect_rows,
+MEASURE = {"explore": explore_rows, "fuzz": fuzz_rows, "detect": detect_rows,
            "scale": scale_rows, "check": check_rows, "exhaustive": exhaustive_rows}
 
 

@@ -19,12 +19,10 @@ def test_summary_compares_old_and_new_explorer_on_the_same_states(capsys, monkey
     assert 0 < rebuilt < kept / 4, row
 
 
-def test_summary_sets_one_process_beside_two_workers_on_the_same_result(capsys, monkeypatch):
-    import importlib.util
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",        # no Ray start in a unit test
-                        lambda name, *a: None if name == "ray" else real(name, *a))
-    assert summary.main(["--quick", "--parts", "parallel"]) == 0
-    table = capsys.readouterr().out.split("== summary", 1)[1]
-    assert "parallel bench: 1 worker" in table and "parallel bench: 2 workers" in table
-    assert "on free cores" in table and "NOT THE SAME" not in table
+
+def test_the_parallel_bench_sets_one_process_beside_two_workers(capsys):
+    from benchmarks import bench_parallel
+    assert bench_parallel.main(["--preset", "tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "1 worker " in out and "2 workers " in out and "on free cores" in out
+    assert "projection to 100,000 states/s" in out and "NOT THE SAME" not in out
