@@ -12,7 +12,7 @@ CHECK_SGLANG_EXAMPLES ?= 200
 SEED ?=
 ROUNDS ?=
 WORKERS ?=
-EXTRAS ?= dev,ray,mutation
+EXTRAS ?= dev,ray,mutation,cython
 COVERAGE_FLAGS ?=
 MUTATION_SAMPLE ?= 20
 # the sample's floor: 20 mutants are 5 points each; the goal over all mutants is 90
@@ -23,7 +23,7 @@ EXPLORE_FLAGS ?=
 # make test: one pytest worker per core (pytest-xdist); PYTEST_FLAGS= runs it in one process
 PYTEST_FLAGS ?= -n auto --dist worksteal
 
-.PHONY: venv check test fuzz replay explore prove selftest bench bench-sglang check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly coverage mutation mutation-sample
+.PHONY: venv check test fuzz replay explore prove selftest bench bench-sglang check-gpu sglang-env check-sglang clean cython explore-compiled explore-nightly explore-nightly-rounds coverage mutation mutation-sample
 
 venv: $(STAMP)
 
@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --no-compile "$(TORCH_SPEC)"
 	$(PY) -m pip install -q --no-compile -e ".[$(EXTRAS)]"
+	$(PY) -m kvcheck.compiled setup
 	touch $(STAMP)
 
 check: $(STAMP)
@@ -50,8 +51,9 @@ replay: $(STAMP)
 explore: $(STAMP)
 	$(VENV)/bin/kvcheck explore
 
-# optional: the explorer's modules compiled by Cython from the same .py sources
-# (build/cython/, refused once a source changes); without it everything runs interpreted
+# the explorer's modules compiled by Cython from the same .py sources (build/cython/,
+# refused once a source changes; `make venv` builds it where a C compiler is present);
+# without it everything runs interpreted
 cython: $(STAMP)
 	$(PY) -m pip install -q "Cython>=3.1,<3.3"
 	$(PY) -m kvcheck.compiled build
@@ -63,6 +65,11 @@ explore-compiled: $(STAMP)
 explore-nightly: $(STAMP)
 	$(PY) -m kvcheck.run_compiled explore --preset nightly $(EXPLORE_FLAGS)
 
+# three sessions and the scheduling rounds: days of one core, so on every core
+# (WORKERS=N; EXPLORE_FLAGS="--ray ADDRESS" for a cluster, "--max-seconds S" bounds it)
+explore-nightly-rounds: $(STAMP)
+	$(PY) -m kvcheck.run_compiled explore --preset nightly-rounds --workers $(or $(WORKERS),$(shell nproc 2>/dev/null || echo 1)) $(EXPLORE_FLAGS)
+
 prove: $(STAMP)
 	$(VENV)/bin/kvcheck prove
 
@@ -70,9 +77,11 @@ selftest: $(STAMP)
 	$(VENV)/bin/kvcheck selftest
 
 # one run, one summary: explorer old vs new, fuzz engines, detection, workers, check by part;
+# the search on 1 and 2 workers and on Ray;
 # each table is written into docs/speed.md under the machine it ran on
 bench: $(STAMP)
 	$(PY) -m benchmarks.doc summary docs/speed.md --from "== summary" -- $(PY) -m benchmarks.summary
+	$(PY) -m benchmarks.doc parallel docs/speed.md -- $(PY) -m benchmarks.bench_parallel --ray
 	$(PY) -m benchmarks.doc coverage docs/speed.md -- $(PY) -m benchmarks.bench_coverage
 
 # the exhaustive differential against each release with each planted upstream fault

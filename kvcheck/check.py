@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -244,16 +244,18 @@ def differential_preset(backend: str) -> Optional[str]:
 
 
 def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "spec",
-                 accept: tuple = ()):
+                 accept: tuple = (), workers: int = 1):
     """One scope of a preset, explored as `kvcheck explore --preset P --scope S --backend B
-    [--accept A]` does (B impl or sglang:VERSION: then every transition on the spec and B
-    side by side). The reachability goals are the spec exploration's (B spec) only."""
+    [--accept A] [--workers N]` does (B impl or sglang:VERSION: then every transition on
+    the spec and B side by side). The reachability goals are the spec exploration's (B
+    spec) only."""
     from kvcheck import explore_cmd as X
     from kvcheck.engines.gen import differed_lines
     p = argparse.ArgumentParser()
     X.add_arguments(p)
     ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore"),
-                       "--backend", backend] + (["--accept", ",".join(accept)] if accept else []))
+                       "--backend", backend, "--workers", str(workers)]
+                      + (["--accept", ",".join(accept)] if accept else []))
     rc, results, traces = X.run_scope(X.scopes_from_args(ns)[0], ns)
     res = results[0]
     detail = (f"{res.states:,} distinct states, {res.transitions:,} transitions, every state "
@@ -408,6 +410,22 @@ def _in_order(done: dict) -> list:
     return [done[i] for i in sorted(done)]
 
 
+def spread_spare_cores(parts: list, cores: int) -> list:
+    """The parts, where there are more cores than parts, with the spare cores given to
+    the spec's exploration parts as search workers (`kvcheck explore --workers`), one each
+    in turn from the largest scope (the first listed) on; the result is the same."""
+    explore = [i for i, p in enumerate(parts)
+               if p.fn is explore_part and p.args[0] == CHECK_PRESET]
+    spare = cores - len(parts)
+    if spare <= 0 or not explore:
+        return parts
+    extra = [0] * len(parts)
+    for k in range(spare):
+        extra[explore[k % len(explore)]] += 1
+    return [replace(p, args=p.args + ("spec", (), 1 + extra[i])) if extra[i] else p
+            for i, p in enumerate(parts)]
+
+
 def check_parts(args, corpus_paths: tuple, accept: tuple) -> list:
     """`kvcheck check`'s parts: the long ones longest first, the quick ones (`schedule`
     starts them first) differential first: it finds most defects."""
@@ -462,8 +480,8 @@ def cmd_check(args) -> int:
     if args.backend.startswith("sglang:"):
         corpus_paths += sorted(UPSTREAM.glob(f"*-sglang-{args.backend.split(':', 1)[1]}.json"))
     load_corpus(corpus_paths + [REGRESSIONS / "planted"])
-    parts = check_parts(args, corpus_paths, accept)
     jobs = args.jobs or usable_cores()
+    parts = spread_spare_cores(check_parts(args, corpus_paths, accept), jobs)
     why_not = "--interpreted" if args.interpreted else compiled_build()
     compiled = jobs > 1 and why_not is None
     if jobs > 1:

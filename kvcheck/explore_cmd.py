@@ -11,7 +11,8 @@ from kvcheck import argtypes as T
 from kvcheck.spec.config import ERAS, ConfigError
 from kvcheck.explore.presets import PRESETS
 from kvcheck.explore.scope import Scope, words
-from kvcheck.explore.search import FRONTIER_STATES, Result, explore, missed, to_trace
+from kvcheck.explore.pools import explore_on
+from kvcheck.explore.search import FRONTIER_STATES, Result, missed, to_trace
 from kvcheck.explore_report import report
 
 # ---------------------------------------------------------------------------
@@ -87,6 +88,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "but rebuilt by re-executing the parent links when it is expanded (about "
                    "10%% more CPU on such a level; 0: never kept, then the whole search holds "
                    "about 100 bytes a state); default: %(default)s (about 1.5 GB a level)")
+    b.add_argument("--workers", type=T.positive_int, default=None, metavar="N",
+                   help="expand each level in N forked worker processes, merged in the order one "
+                        "process expands them: the same states, counts, goals and shortest "
+                        "traces (kvcheck/explore/parallel.py); default 1, with --ray the local "
+                        "Ray's cores or the cluster's CPUs")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="the workers as Ray actors: a local Ray without ADDRESS, else the cluster "
+                        "at ADDRESS (needs pip install 'kvcheck[ray]')")
     b.add_argument("--no-check", action="store_true", help="skip invariants (raw state count)")
     b.add_argument("--out", type=T.writable_dir, default=Path("failures") / "explore",
                    help="directory for counterexample traces")
@@ -260,6 +269,18 @@ def main(args) -> int:
     return rc
 
 
+def workers_of(args) -> tuple:
+    """(workers, Ray address or None) of `--workers` and `--ray`: one worker unless
+    either is given; with --ray and no --workers, this machine's cores for a local Ray
+    (0: the cluster's CPUs for an ADDRESS)."""
+    from kvcheck.procs import usable_cores
+    address = getattr(args, "ray", None)
+    workers = getattr(args, "workers", None)
+    if workers is None:
+        workers = 1 if address is None else 0 if address else usable_cores()
+    return workers, address
+
+
 def run_scope(sc: Scope, args) -> tuple:
     """Explore one scope as `kvcheck explore` does (report on stdout, a trace and an HTML
     report per violation under args.out): (exit code, results, trace paths)."""
@@ -275,7 +296,7 @@ def run_scope(sc: Scope, args) -> tuple:
     runs = [True, False] if args.compare else [not args.no_symmetry]
     results = []
     for sym in runs:
-        res = explore(sc, symmetric=sym, **kw)
+        res = explore_on(sc, *workers_of(args), symmetric=sym, **kw)
         results.append(res)
         report(res)
         sys.stdout.flush()

@@ -1,5 +1,5 @@
 """Local worker processes shared by the commands that fan work out (`kvcheck fuzz
---workers N`, `kvcheck check --jobs N`).
+--workers N`, `kvcheck check --jobs N`), and the start of Ray for `--ray`.
 
 Workers are spawned (never forked: the driver may hold torch's threads) and ignore SIGINT:
 on Ctrl-C the driver, which gets it too, stops them all (`shutdown` terminates a running
@@ -77,3 +77,19 @@ def check_worker(compiled: bool = False) -> None:
         except RuntimeError as e:
             print(f"kvcheck check: worker {os.getpid()} runs interpreted: {e}",
                   file=sys.stderr, flush=True)
+
+
+def start_ray(address, cpus: int):
+    """(the ray module, whether this call started it): Ray imported (the optional extra:
+    a usage error without it) and initialised, on the cluster at `address` or, without one,
+    a local Ray of `cpus` CPUs; a Ray already initialised is used as it is."""
+    try:
+        import ray
+    except ImportError:
+        from kvcheck.errors import UsageError
+        raise UsageError("--ray needs the ray extra: pip install 'kvcheck[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        kw = {"address": address} if address else {"num_cpus": max(cpus, 1)}
+        ray.init(include_dashboard=False, log_to_driver=False, **kw)
+    return ray, started

@@ -163,6 +163,22 @@ def test_only_the_spec_exploration_judges_reachability_goals(tmp_path):
     assert impl[0] and len(impl) == 3
 
 
+def test_spare_cores_go_to_the_largest_scopes_as_search_workers(tmp_path):
+    """More cores than parts: the spec's exploration parts, largest first, get the spare
+    cores as `explore --workers`, with the same result."""
+    explore = [C.Part(f"exhaustive exploration: {n}", C.explore_part, ("check", n, tmp_path))
+               for n in ("check-rounds", "check-p1")]
+    other = C.Part("regression corpus", C.corpus_part, ((REGRESSIONS,), "spec"), quick=True)
+    parts = explore + [other]
+    assert C.spread_spare_cores(parts, 3) == parts
+    workers = lambda cores: [p.args[5] if len(p.args) > 3 else 1
+                             for p in C.spread_spare_cores(parts, cores)[:2]]
+    assert workers(4) == [2, 1] and workers(5) == [2, 2] and workers(6) == [3, 2]
+    tiny = C.Part("exhaustive exploration: tiny", C.explore_part, ("tiny", "tiny", tmp_path))
+    one, two = (C.run_part(p, True) for p in [tiny, C.spread_spare_cores([tiny], 2)[0]])
+    assert two.ok and two.detail == one.detail and two.extra == one.extra
+
+
 def nap(name, seconds):
     time.sleep(seconds)
     return True, f"slept {seconds} s", []

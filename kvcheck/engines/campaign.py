@@ -186,16 +186,9 @@ class RayExecutor:
     """The same chunks as Ray tasks (`--ray [ADDRESS]`; local Ray without an address)."""
 
     def __init__(self, address: Optional[str], workers: int) -> None:
-        try:
-            import ray
-        except ImportError:
-            from kvcheck.errors import UsageError
-            raise UsageError("--ray needs the ray extra: pip install 'kvcheck[ray]'") from None
+        from kvcheck.procs import start_ray
+        ray, self.started = start_ray(address, workers)
         self.ray = ray
-        self.started = not ray.is_initialized()
-        if self.started:
-            kw = {"address": address} if address else {"num_cpus": workers}
-            ray.init(include_dashboard=False, log_to_driver=False, **kw)
         self.workers = max(1, int(ray.cluster_resources().get("CPU", workers)))
         self.remote = ray.remote(num_cpus=1)(run_chunk)
         self.pending: list = []
