@@ -59,8 +59,7 @@ def _after_op(op):
     @functools.wraps(op)
     def run(self, *args, **kwargs):
         out = op(self, *args, **kwargs)
-        for session in list(self.session_controller.sessions.values()):
-            self.session_controller.maybe_reap(session)
+        self.session_controller.maybe_reap()
         if self.era == "borrow":
             self.tree_cache.sync_borrowed(self.reqs.values())
         return out

@@ -84,9 +84,9 @@ class SessionController:
             return "refused"
         return self._close(session_id)
 
-    def maybe_reap(self, session: Optional[Session]) -> None:
-        """Carry out a deferred close once the session's turn has ended."""
-        if session is None or not session.close_on_finish or session.inflight:
-            return
-        if self.sessions.get(session.session_id) is session:
-            self._close(session.session_id)
+    def maybe_reap(self) -> None:
+        """The scheduler loop's `maybe_reap`, after each round: every deferred close whose
+        turn has ended is carried out."""
+        for session_id, session in list(self.sessions.items()):
+            if session.close_on_finish and not session.inflight:
+                self._close(session_id)

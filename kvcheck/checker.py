@@ -255,8 +255,8 @@ class Lockstep:
         within `drain_bound`. `skip(state, op)`: an operation the run leaves out (a
         recorded finding's trigger, as the walk leaves them out) ends the drain there, with
         no verdict on progress; so does, under `Config.accept`, a client's abort or close
-        the drain needs to go on (`rescues`). Returns the steps' records (the failing one last) and the
-        failure, if any."""
+        the drain needs to go on (`rescues`). Returns the steps' records (the failing one
+        last) and the failure, if any."""
         records, bound = [], drain_bound(self.state)
         last, stalled = None, 0
         while not idle(self.state) and len(records) < bound and self.beyond is None:
@@ -408,20 +408,18 @@ def run_ops(cfg: Config, ops, backend=None, *, backend_name: str = "impl",
             return RunResult(len(ops), None, records, lock.beyond)
         if on_step is not None:
             on_step(rec)
-    if cfg.drain:
-        drained, fail = lock.drain()
-        if keep_records:
-            records += [r for r in drained if r is not drained[-1] or fail is None
-                        or fail.side != "spec" or fail.id == "P1"]
-        if fail is not None:
-            return RunResult(lock.steps, fail, records)
-        if on_step is not None:
-            for rec in drained:
-                on_step(rec)
-        if lock.beyond is not None:
-            return RunResult(len(ops) + len(drained), None, records, lock.beyond)
-        return RunResult(len(ops) + len(drained), None, records)
-    return RunResult(len(ops), None, records)
+    if not cfg.drain:
+        return RunResult(len(ops), None, records)
+    drained, fail = lock.drain()
+    if keep_records:    # as above: a step the spec itself failed is not kept (P1 is no step)
+        spec_step = fail is not None and fail.side == "spec" and fail.id != "P1"
+        records += drained[:-1] if spec_step else drained
+    if fail is not None:
+        return RunResult(lock.steps, fail, records)
+    if on_step is not None:
+        for rec in drained:
+            on_step(rec)
+    return RunResult(len(ops) + len(drained), None, records, lock.beyond)
 
 
 def _tb(e: Exception) -> list:

@@ -21,6 +21,7 @@ from typing import Optional
 
 from kvcheck.spec import hybrid, mamba_tree, ops as O
 from kvcheck.spec.model import available_size, enabled, retraction_order
+from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.state import State
 from kvcheck.spec.violations import Violation
 
@@ -44,7 +45,7 @@ def drain_bound(s: State) -> int:
     work = 0
     for r in dict.values(s.reqs):
         chunk = s.cfg.chunk_size or r.seqlen or 1
-        chunks = -(-max(r.seqlen - r.extend_end, 1) // chunk)
+        chunks = ceil_div(max(r.seqlen - r.extend_end, 1), chunk)
         work += 2 * (chunks + max(r.max_new_tokens - len(r.output), 0) + 1)
     return 2 * work + 2 * len(s.sessions) + 8
 
@@ -58,11 +59,11 @@ def progress_key(s: State) -> tuple:
 
 def drain_op(s: State, last: Optional[O.Op] = None, stalled: int = 0) -> Optional[O.Op]:
     """The next operation of the scheduler left alone in s, after `last`, when the last
-    `stalled` operations made no progress (`progress_key`); None when idle. Prefill and decode rounds alternate while both have
-    work; where a round of several requests is not modelled (hybrid pools, speculative
-    decoding) the requests go one at a time. When neither kind of round gets anywhere:
-    a decode step short of memory is followed by `retract_decode`'s choice, else what
-    holds the memory is let go (`_unblock`). Sessions close once no request is live."""
+    `stalled` operations made no progress (`progress_key`); None when idle, or stuck.
+    Prefill and decode rounds alternate while both have work; where a round of several
+    requests is not modelled (hybrid pools, speculative decoding) the requests go one at
+    a time. When no round gets anywhere, what holds the memory is let go (`_unblock`).
+    Sessions close once no request is live."""
     reqs = list(dict.values(s.reqs))
     if not reqs:
         return next((O.CloseSession(sid) for sid in s.sessions), None)
@@ -119,16 +120,14 @@ def _unblock(s: State, reqs: list, waiting: list, decoding: list) -> Optional[O.
     """No round gets anywhere. In turn: a request longer than the whole pool leaves (upstream
     refuses it at entry: `validate_input_length` with `max_req_input_len` below the pool's
     size; the spec's guard bounds a request by the context length only); a session with no
-    live request closes (its client
-    is done, or `maybe_reap` times it out: session KV stays pinned until then); the first
-    waiting request the round is refused at gives up (`abort_request`), but only when the
-    memory it needs
-    is really held elsewhere (`starved`: session KV over-subscribing the pool wedges the
-    queue upstream, issue #27024); a decode step short of memory is followed by
-    `retract_decode`'s choice (its first victim, or the last request's abort). None: stuck,
-    with memory to spare (P1)."""
-    P = s.cfg.page_size
-    big = next((r for r in reqs if r.phase == "queued" and -(-r.seqlen // P) > s.cfg.num_pages), None)
+    live request closes (its client is done, or `maybe_reap` times it out: session KV
+    stays pinned until then); the first waiting request the round is refused at gives up
+    (`abort_request`), but only when the memory it needs is really held elsewhere
+    (`starved`: session KV over-subscribing the pool wedges the queue upstream, issue
+    #27024); a decode step short of memory is followed by `retract_decode`'s choice (its
+    first victim, or the last request's abort). None: stuck, with memory to spare (P1)."""
+    big = next((r for r in reqs if r.phase == "queued"
+                and ceil_div(r.seqlen, s.cfg.page_size) > s.cfg.num_pages), None)
     if big is not None:
         return O.AbortQueued(big.rid)
     busy = {r.session for r in reqs}
@@ -146,16 +145,16 @@ def _unblock(s: State, reqs: list, waiting: list, decoding: list) -> Optional[O.
 def starved(s: State, r) -> bool:
     """Whether a waiting request's next prefill cannot fit what the pools have free or
     evictable: no free row for a request without one, no Mamba slot for it, or fewer KV
-    (or SWA) tokens than its next chunk (a queued request's whole extend, its prefix match not counted: an upper bound)."""
+    (or SWA) tokens than its next chunk (a queued request's whole extend, its prefix match
+    not counted: an upper bound)."""
     if (r.row is None and not s.free_rows) or hybrid.mamba_short(s, r):
         return True
     if s.cfg.mamba_tree and (len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r) or
                              (mamba_tree.chunk_refusal(s, r) if r.phase == "prefill" else
                               mamba_tree.cow_refusal(s, r))):
         return True     # the match's (or the chunk's) copy-on-write takes a slot too
-    P = s.cfg.page_size
     left = r.seqlen - r.extend_end
-    need = -(-min(left, s.cfg.chunk_size or left) // P) * P
+    need = ceil_align(min(left, s.cfg.chunk_size or left), s.cfg.page_size)
     return available_size(s) + s.evictable_size < need or hybrid.swa_admission_short(s, need)
 
 
