@@ -197,8 +197,20 @@ class RadixCache:
         """`insert`'s walk: (how much of key already existed, the node the key ends on,
         whether that node is the new leaf). With a Mamba component an existing end node
         is re-stamped (`commit_insert_component_data`)."""
-        key = key0 = tuple(key)
-        value0 = value
+        key = tuple(key)
+        total_prefix, node = self._insert_helper_walk(key)
+        self.update_component_on_insert_overlap(key, value, total_prefix)
+        if total_prefix < len(key):
+            leaf = self._add_new_node(node, key[total_prefix:], value[total_prefix:])
+            return total_prefix, leaf, True
+        if self.mamba is not None and node is not self.root_node:
+            node.last_access_tick = self._creation_tick()
+        return total_prefix, node, False
+
+    def _insert_helper_walk(self, key: tuple) -> tuple:
+        """`_insert_helper`'s walk over the part of key the tree holds, in one call: every
+        node on it stamped with the call's tick, the node the key leaves split (its upper
+        half, then its lower half, newer). Returns (the length held, the node it ends on)."""
         self.tick += 1
         t = self.tick
         node = self.root_node
@@ -211,19 +223,17 @@ class RadixCache:
             plen = self._key_match(node.key, key)
             total_prefix += plen
             key = key[plen:]
-            value = value[plen:]
             if plen < len(node.key):
                 node = self._split_node(node, plen)
-        self.update_component_on_insert_overlap(key0, value0, total_prefix)
-        if len(key) > 0:
-            leaf = TreeNode(key=key, value=value.clone().to(I64), parent=node,
-                            tick=self._creation_tick())
-            node.children[self._child_key(key)] = leaf
-            self.evictable_size_ += len(key)
-            return total_prefix, leaf, True
-        if self.mamba is not None and node is not self.root_node:
-            node.last_access_tick = self._creation_tick()
-        return total_prefix, node, False
+        return total_prefix, node
+
+    def _add_new_node(self, parent: TreeNode, key: tuple, value: torch.Tensor) -> TreeNode:
+        """`_add_new_node`: a fresh unlocked (evictable) node for key under parent."""
+        node = TreeNode(key=key, value=value.clone().to(I64), parent=parent,
+                        tick=self._creation_tick())
+        parent.children[self._child_key(key)] = node
+        self.evictable_size_ += len(key)
+        return node
 
     def update_component_on_insert_overlap(self, key: tuple, value: torch.Tensor, end: int) -> None:
         """After the walk over the existing `key[:end]`, before the new leaf: the hybrid

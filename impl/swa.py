@@ -546,10 +546,11 @@ class SWARadixCache(RadixCache):
             start = stop
 
     def insert(self, key, value: torch.Tensor) -> int:
-        """Wrapper era `_insert_helper`: tombstone recovery on the walk; the new suffix's
-        part below `swa_evicted_seqlen` (SWA KV freed by the window) is a tombstone node
-        of its own above the live leaf; a suffix that is all below it is freed, not added
-        (no tombstone leaf)."""
+        """Wrapper era `_insert_helper`: one walk (its stamps and split as upstream's, so a
+        split's lower half stays newer than the path above it), tombstone recovery on it;
+        the new suffix's part below `swa_evicted_seqlen` (SWA KV freed by the window) is a
+        tombstone node of its own above the live leaf; a suffix that is all below it is
+        freed, not added (no tombstone leaf)."""
         key, sev = tuple(key), self._insert_ctx[1]
         if self.split_at_prompt:
             i = super().insert(key, value)
@@ -557,20 +558,17 @@ class SWARadixCache(RadixCache):
                 self.commit_insert_component_data(key, i)
             self.refresh_lru(self._end_node(key))   # 0.5.23: INSERT_END from the target
             return i
-        i = self._existing_len(key)
-        if i:
-            self.match_prefix(key[:i])          # the walk's stamps and split, first
-            self._recover_tombstones(key, value, i)
+        i, node = self._insert_helper_walk(key)
+        self._recover_tombstones(key, value, i)
         cut = min(max(i, sev), len(key))
         if i < cut == len(key):
-            self.match_prefix(key)              # the walk's stamps and split
             self.token_to_kv_pool_allocator.free(value[i:].to(I64))
             return i
         if i < cut:
-            super().insert(key[:cut], value[:cut])
-            super().insert(key, value)
-            return i
-        return super().insert(key, value)
+            node = self._add_new_node(node, key[i:cut], value[i:cut])
+        if cut < len(key):
+            self._add_new_node(node, key[cut:], value[cut:])
+        return i
 
     def commit_insert_component_data(self, key: tuple, start: int) -> None:
         """Borrow era (0.5.23 `SWAComponent.commit_insert_component_data` on the fresh leaf
@@ -606,18 +604,6 @@ class SWARadixCache(RadixCache):
         if len(leaf.key) > tail_size:
             return self._split_node(leaf, len(leaf.key) - tail_size)
         return None
-
-    def _existing_len(self, key: tuple) -> int:
-        """How much of key the tree holds (whole pages), without touching it."""
-        node, n = self.root_node, 0
-        while n < len(key) and self._child_key(key[n:]) in node.children:
-            child = node.children[self._child_key(key[n:])]
-            m = self._key_match(child.key, key[n:])
-            n += m
-            if m < len(child.key):
-                break
-            node = child
-        return n
 
 
 def swa_lock_boundary(tree, node):
