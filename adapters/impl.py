@@ -43,6 +43,9 @@ class ImplBackend:
             mamba_extra_buffer=cfg.mamba_extra_buffer, need_sort=cfg.need_sort,
             disable_radix_cache=cfg.disable_radix_cache, mamba_tree=cfg.mamba_tree,
             accept=cfg.accept, evict_shortfall=cfg.evict_shortfall,
+            enable_priority_scheduling=cfg.enable_priority_scheduling,
+            preemption_threshold=cfg.priority_scheduling_preemption_threshold,
+            filter_before_prefill=cfg.filter_before_prefill,
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------
@@ -55,9 +58,10 @@ class ImplBackend:
         if isinstance(op, ops.OpenSession):
             return s.open_session(op.sid)
         if isinstance(op, ops.SubmitTurn):
-            return s.submit_turn(op.sid, op.rid, op.new_tokens, op.max_new_tokens)
+            return s.submit_turn(op.sid, op.rid, op.new_tokens, op.max_new_tokens, op.priority)
         if isinstance(op, ops.SubmitRequest):
-            return s.submit_request(op.rid, op.tokens, op.max_new_tokens, op.logprob_start_len)
+            return s.submit_request(op.rid, op.tokens, op.max_new_tokens, op.logprob_start_len,
+                                    op.priority)
         if isinstance(op, ops.Schedule):
             return s.schedule(op.rid, op.admit)
         if isinstance(op, ops.ScheduleRound):

@@ -136,6 +136,18 @@ FAULTS: dict[str, str] = {
         "wrapper era: a rejected stub admitted beside its session's finishing first turn releases "
         "the slot that turn just made instead of its own row and KV (U8's path): the stub's row "
         "and page leak (I2, I4)",
+    "preempt_takes_finished":
+        "preempt_to_schedule does not skip the finished requests still in the running batch (the "
+        "two-phase finish): a finished request's KV and row are released a second time",
+    "preempt_oldest_first":
+        "preempt_to_schedule breaks a priority tie by the earliest queue entry instead of the "
+        "latest: the longer-running request is preempted (D1)",
+    "preempt_takes_all":
+        "preempt_to_schedule does not stop once the victims' remaining output covers the new "
+        "request: every running request of lower priority is preempted (D1)",
+    "preempt_rows_not_counted":
+        "the rows preemption frees are not given to the round: the request it preempted for is "
+        "refused for want of a row (D1)",
 }
 
 ACTIVE: set[str] = set()

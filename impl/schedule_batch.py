@@ -46,6 +46,11 @@ class Req:
         self.decode_batch_idx = 0
         self.mamba_pool_idx: Optional[torch.Tensor] = None
         self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None
+        # priority scheduling
+        self.priority = 0
+        self.wait_queue_entry_time = 0         # the scheduler's clock at the last queue entry
+        self.fill_len = 0                      # len(full_untruncated_fill_ids) as last built
+        self.prefix_len = 0                    # len(prefix_indices) at the last match
 
     @property
     def fill_ids(self) -> list:

@@ -34,12 +34,23 @@ def chunk_end(prefix: int, input_len: int, chunk_size: Optional[int], p: int) ->
     return min(input_len, prefix + (chunk_size // p) * p)
 
 
+CLIP_MAX_NEW_TOKENS = 4096     # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+
+
+def remaining_output(req: Req) -> int:
+    """_get_running_request_total_token_offset (new_token_ratio 1)."""
+    return min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+
+
 class _RoundBudget:
     """What one PrefillAdder has left while it admits a round: rows, KV tokens reserved
-    by the requests it admitted (page-ceiled extends) and the chunk (None: unchunked)."""
+    by the requests it admitted (page-ceiled extends), the chunk (None: unchunked) and,
+    for preemption, the memory budget's total offset (the running batch's remaining
+    output, then each admitted request's page-ceiled extend, a page and its max_new)."""
 
-    def __init__(self, rows: int, chunk: Optional[int]):
-        self.rows, self.reserved, self.chunk = rows, 0, chunk
+    def __init__(self, rows: int, chunk: Optional[int], offset: int = 0):
+        self.rows, self.reserved, self.chunk, self.offset = rows, 0, chunk, offset
+        self.preempted: list = []
 
     def charge(self, item: tuple, P: int) -> None:
         req, prefix, end = item
@@ -48,6 +59,8 @@ class _RoundBudget:
             self.rows -= 1
         if self.chunk is not None:
             self.chunk -= common.ceil_align(end - prefix, P)
+        self.offset += common.ceil_align(end - prefix, P) + P + \
+            (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if end == len(req.fill_ids) else 0)
 
 
 def _after_op(op):
@@ -75,7 +88,9 @@ class Scheduler:
                  swa_eviction_interval: int = 1, mamba_slots: int = 0,
                  mamba_extra_buffer: str = "off", disable_radix_cache: bool = False,
                  prefill_aware_swa: bool = False, mamba_tree: bool = False,
-                 accept: tuple = (), evict_shortfall: bool = False):
+                 accept: tuple = (), evict_shortfall: bool = False,
+                 enable_priority_scheduling: bool = False, preemption_threshold: int = 10,
+                 filter_before_prefill: bool = False):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -126,6 +141,13 @@ class Scheduler:
             self.radix_cache.lock_holders = self._lock_holders
         self.session_controller = SessionController(self.tree_cache)
         self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode
+        self.enable_priority_scheduling = enable_priority_scheduling
+        self.preemption_threshold = preemption_threshold
+        self.filter_before_prefill = filter_before_prefill
+        # the running batch, in merge order; a request that finishes stays in it (its KV
+        # already released) until the next decode step filters it (the two-phase finish)
+        self.running_batch: list[Req] = []
+        self.clock = 0                          # wait_queue_entry_time's clock
 
     # -- helpers ------------------------------------------------------------------------
     def _lock_holders(self) -> list:
@@ -192,26 +214,39 @@ class Scheduler:
         return "ok" if self.session_controller.open(sid) else "refused"
 
     @_after_op
-    def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int) -> str:
+    def submit_turn(self, sid: int, rid: int, new_tokens, max_new_tokens: int,
+                    priority: int = 0) -> str:
         session = self.session_controller.sessions.get(sid)
         if session is None:             # "session id ... does not exist": a plain aborted Req
             req = Req(rid, [0], max_new_tokens, session=None, streaming=False, rejected=True)
             req.to_finish = FINISH_ABORT
         else:
             req = session.create_req(rid, new_tokens, max_new_tokens)
-        self.reqs[rid] = req
+            if not req.rejected and session.req_nodes:
+                req.fill_len = len(req.origin_input_ids)    # carried onto the last turn's fill
+        self._enqueue(req, priority)
         return "stub" if req.rejected else "ok"
 
     @_after_op
     def submit_request(self, rid: int, tokens, max_new_tokens: int,
-                       logprob_start_len=None) -> str:
+                       logprob_start_len=None, priority: int = 0) -> str:
         """handle_generate_request: logprobs requested with the default start (-1) return
         the output tokens' only (start = the prompt length); none requested: -1."""
         req = Req(rid, list(tokens), max_new_tokens)
         if logprob_start_len is not None:
             req.logprob_start_len = len(tokens) if logprob_start_len == -1 else logprob_start_len
-        self.reqs[rid] = req
+        self._enqueue(req, priority)
         return "ok"
+
+    def _enqueue(self, req: Req, priority: int) -> None:
+        """_add_request_to_queue: the request's priority, its entry time."""
+        req.priority = priority
+        self.reqs[req.rid] = req
+        self._requeue(req)
+
+    def _requeue(self, req: Req) -> None:
+        self.clock += 1
+        req.wait_queue_entry_time = self.clock
 
     @_after_op
     def schedule(self, rid: int, admit: bool = True) -> str:
@@ -238,7 +273,11 @@ class Scheduler:
         """PrefillAdder: rows, KV beyond `available + evictable` (the admitted requests'
         page-ceiled extends) and the chunk budget are shared by the round; a refused
         request ends it, a request cut into a chunk too."""
-        budget = _RoundBudget(self.req_to_token_pool.available_size(), self.chunk_size)
+        if self.filter_before_prefill:
+            self._filter_batch()
+        offset = sum(map(remaining_output, self.running_batch)) \
+            if self.enable_priority_scheduling else 0
+        budget = _RoundBudget(self.req_to_token_pool.available_size(), self.chunk_size, offset)
         batch = []
         for i, req in enumerate(reqs):
             if budget.chunk is not None and budget.chunk <= 0:
@@ -247,6 +286,9 @@ class Scheduler:
             if req.phase == "prefill":
                 item = self._add_chunked_req(req, budget, refused)
             else:
+                if self.enable_priority_scheduling and budget.rows <= 0 and \
+                        not self._preempt_to_schedule(req, budget):
+                    break
                 item = self._add_one_req(req, budget, refused)
                 if item is None:
                     break
@@ -261,7 +303,41 @@ class Scheduler:
                     budget.chunk = self.chunk_size
                 if item[2] < len(req.fill_ids) and req.phase != "prefill":
                     break           # the new chunked request spends the chunk budget
+        for victim in budget.preempted:
+            self._requeue(victim)
         return batch
+
+    def _preempt_to_schedule(self, req: Req, budget: "_RoundBudget") -> bool:
+        """PrefillAdder.preempt_to_schedule: the running requests of lower priority
+        (lowest first, the latest queued first among equals; finished ones skipped:
+        their KV is already released) until their remaining output covers what req
+        needs beyond the budget's remaining tokens; each released as a retraction."""
+        alloc = self.token_to_kv_pool_allocator
+        rem_total = alloc.available_size() + self.tree_cache.evictable_size() - budget.offset
+        short = req.fill_len - req.prefix_len + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) \
+            - rem_total
+        skip_finished = "preempt_takes_finished" not in faults.ACTIVE
+        valid = [r for r in self.running_batch if not (skip_finished and r.finished())]
+        tie = 1 if "preempt_oldest_first" in faults.ACTIVE else -1
+        valid.sort(key=lambda r: (r.priority, tie * r.wait_queue_entry_time))
+        victims = []
+        for r in valid:
+            if req.priority - r.priority <= self.preemption_threshold:
+                break
+            victims.append(r)
+            short -= remaining_output(r)
+            if short <= 0 and "preempt_takes_all" not in faults.ACTIVE:
+                break
+        if not victims or short > 0:
+            return False
+        rows = self.req_to_token_pool.available_size()
+        for r in [r for r in self.running_batch if any(r is v for v in victims)]:
+            budget.offset -= remaining_output(r)
+            self._retract_req(r)
+        if "preempt_rows_not_counted" not in faults.ACTIVE:
+            budget.rows += self.req_to_token_pool.available_size() - rows
+        budget.preempted += victims
+        return True
 
     def _add_one_req(self, req: Req, budget: "_RoundBudget", refused: bool):
         fill = req.fill_ids
@@ -271,7 +347,8 @@ class Scheduler:
         req.prefix_indices = prefix_indices
         req.last_node = last_node
         req.cache_protected_len = protected
-        prefix_len = len(prefix_indices)
+        prefix_len = req.prefix_len = len(prefix_indices)
+        req.fill_len = input_len
         end = chunk_end(prefix_len, input_len, budget.chunk, self.page_size)
         if refused or end <= prefix_len < input_len:
             self._rejected(req)
@@ -312,6 +389,7 @@ class Scheduler:
         one starts."""
         start = req.kv_committed_len
         self.tree_cache.cache_unfinished_req(req, chunked=True)
+        req.fill_len = len(req.fill_ids)
         req.prefix_indices = req.prefix_indices[:start] if req.prefix_indices is not None else None
         return start
 
@@ -362,6 +440,7 @@ class Scheduler:
         with common.free_group(self.token_to_kv_pool_allocator):
             self.tree_cache.cache_unfinished_req(req)
         req.phase = "decode"
+        self.running_batch.append(req)
 
     @_after_op
     def prefill_chunk(self, rid: int) -> str:
@@ -388,6 +467,7 @@ class Scheduler:
         if common.decode_needs_alloc(self, req):
             if common.alloc_for_decode(self, req) is None:
                 return "oom"
+        self._filter_batch()
         self._decode_batch_done(req)
         self._write_kv(req, pos, pos + 1)
         req.kv_committed_len += 1
@@ -403,6 +483,7 @@ class Scheduler:
         then each request's slot), the forward, and the result in batch order. "oom" when
         a request was retracted or aborted."""
         reqs = [self._req(rid, "decode") for rid in rids]
+        self._filter_batch()
         out = "ok"
         if not self._check_decode_mem(reqs):
             reqs = self._retract_decode(reqs)
@@ -443,7 +524,9 @@ class Scheduler:
             if len(kept) == 1:
                 break
             first = False
-            self._retract_req(kept.pop(0 if "retract_victim_most_output" in faults.ACTIVE else -1))
+            victim = kept.pop(0 if "retract_victim_most_output" in faults.ACTIVE else -1)
+            self._retract_req(victim)
+            self._requeue(victim)
         if len(kept) <= 1 and not self._check_decode_mem(kept):
             last = kept.pop()
             self._retract_req(last)
@@ -516,6 +599,7 @@ class Scheduler:
                 return "oom"
             self.req_to_token_pool.write(req.req_pool_idx, start, out)
             req.kv_allocated_len = need
+        self._filter_batch()
         self._decode_batch_done(req)
         c = req.kv_committed_len
         req.output_ids.extend([token] * (accepted + 1))
@@ -587,14 +671,22 @@ class Scheduler:
 
     @_after_op
     def retract(self, rid: int) -> str:
-        self._retract_req(self._req(rid, "decode"))
+        req = self._req(rid, "decode")
+        self._retract_req(req)
+        self._requeue(req)
         return "ok"
 
     def _retract_req(self, req: Req) -> None:
         """release_req (release_kv_cache(is_insert=False), reset_for_retract): back to
-        the waiting queue."""
+        the waiting queue, out of the running batch."""
         self._overlap_lookahead(req)
         common.release_req(self, req)
+        req.prefix_len = 0
+        self.running_batch = [r for r in self.running_batch if r is not req]
+
+    def _filter_batch(self) -> None:
+        """update_running_batch's filter_batch: the finished requests leave the batch."""
+        self.running_batch = [r for r in self.running_batch if not r.finished()]
 
     @_after_op
     def close_session(self, sid: int) -> str:

@@ -48,6 +48,9 @@ def cmd_prove(args) -> int:
                              cache=cache_at(None if args.no_cache else args.out),
                              time_limit=args.crosshair_time_limit)
     except proofs.ProofsInterrupted as e:
+        # a z3 term the interrupt left half-built fails in its destructor at exit
+        # ("'BoolRef' object has no attribute 'ctx'"): noise after the interrupt
+        sys.unraisablehook = lambda unraisable: None
         print(f"kvcheck prove: interrupted: {e.written()}", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(proofs.report(res))

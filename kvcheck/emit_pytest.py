@@ -16,7 +16,6 @@ Two styles (`--emit-style`):
 from __future__ import annotations
 
 import re
-from dataclasses import fields
 from pathlib import Path
 
 from kvcheck.replay import expected_failure
@@ -75,7 +74,7 @@ def emit_pytest(trace, backend: str, source: str = "trace", style: str = DEFAULT
     if fault:
         note = (f"\nThe trace was found with impl's planted fault `{fault}` switched on;\n"
                 f"this test does not switch it on (kvcheck.impl.faults.planted({fault!r}) does).\n")
-    ops = "\n".join(f"    O.{_call(type(op).__name__, [(f.name, getattr(op, f.name)) for f in fields(op)])},"
+    ops = "\n".join(f"    O.{_call(type(op).__name__, op.args())},"
                     for op in trace.ops)
     exp = trace.expect
     claim, body = _assertion(style, exp, backend)

@@ -116,9 +116,8 @@ def operation(op) -> dict:
         return variant("init")
     from kvcheck.spec.fields import field_specs
     nullable = {name for name, _, cons in field_specs(type(op)) if cons.get("nullable")}
-    return variant(op.name, {f.name: optional(getattr(op, f.name), "Some", "NoValue")
-                             if f.name in nullable else value(getattr(op, f.name))
-                             for f in fields(op)})
+    return variant(op.name, {name: optional(v, "Some", "NoValue")
+                             if name in nullable else value(v) for name, v in op.args()})
 
 
 def itf_trace(trace, res, source: str = "") -> dict:

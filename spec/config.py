@@ -9,7 +9,8 @@ import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Literal, Optional
 
-from kvcheck.spec.fields import MAX_CONTEXT, MAX_DRAFTS, MAX_PAGE_SIZE, MAX_PAGES, MAX_ROWS, Range, field_error
+from kvcheck.spec.fields import (MAX_CONTEXT, MAX_DRAFTS, MAX_PAGE_SIZE, MAX_PAGES, MAX_PRIORITY, MAX_ROWS,
+                                 Range, field_error)
 
 Era = Literal["wrapper", "borrow"]
 ERAS = typing.get_args(Era)
@@ -30,13 +31,16 @@ ACCEPTABLE = {
     "U8": "0.5.14-0.5.18 (wrapper era): a rejected stub admitted in the round where its session's "
           "first turn finishes releases that turn's new slot in its place and leaks its own "
           "row and KV",
+    "U9": "priority scheduling: a preempted streaming turn keeps its row in its session's slot, "
+          "yet the request it was preempted for is admitted without one and alloc_req_slots "
+          "raises (the scheduler dies)",
     "M2": "0.5.23 (hybrid SSM): a queued turn on its slot's record, aborted, is finished "
           "(release_kv_cache -> try_cache_finished_req -> finish_req): its tokens become the "
           "checkpoint",
 }
 """Recorded upstream findings (docs/upstream-findings.md) whose known behaviour the spec
 takes instead of the fix when `Config.accept` names them (`--accept U1,U2`)."""
-Accepted = Literal["U1", "U2", "U3", "U6", "U7", "U8", "M2"]
+Accepted = Literal["U1", "U2", "U3", "U6", "U7", "U8", "U9", "M2"]
 assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
@@ -49,6 +53,10 @@ TREE_DEFAULTS = {"disable_radix_cache": False, "mamba_tree": False}
 ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
 """The KV allocator's settings and the values traces written before them ran with: a
 trace omits them at these values."""
+SCHEDULE_DEFAULTS = {"enable_priority_scheduling": False,
+                     "priority_scheduling_preemption_threshold": 10,
+                     "filter_before_prefill": False}
+"""The scheduler's policy switches at their default: a trace omits them at these values."""
 RUN_DEFAULTS = {"drain": False}
 """How a run ends: a trace omits it at this value."""
 
@@ -125,6 +133,20 @@ class Config:
     """`SGLANG_DEBUG_MEMORY_POOL`: the allocator asserts on every free (no duplicate page
     in the free lists) and on each alloc's congruence; a violation is an exception (E1)
     instead of the concrete check C2/C3 one step later. The spec ignores it."""
+    enable_priority_scheduling: bool = False
+    """`--enable-priority-scheduling` (preemption on, `schedule_low_priority_values_first`
+    off): requests carry a `priority`, and a prefill round whose rows are spent preempts
+    running requests of lower priority (`PrefillAdder.preempt_to_schedule`). Not with the
+    hybrid pools."""
+    priority_scheduling_preemption_threshold: Annotated[int, Range(0, MAX_PRIORITY)] = 10
+    """`--priority-scheduling-preemption-threshold`: a running request is preempted only
+    by one whose priority exceeds its own by more than this."""
+    filter_before_prefill: bool = False
+    """0.5.23's scheduler filters the finished requests out of the running batch before
+    every prefill round (scheduler.py l.3963-3968); before it (False) a request that
+    finished in the last decode step is still in the batch when the next round admits
+    (the two-phase finish), counted by the PrefillAdder's budget and skipped by
+    preemption. Read under priority scheduling only."""
     drain: bool = False
     """The run ends with a drain (spec/progress.py): after the trace's operations the
     scheduler runs alone, with no new request, until every request is finished or released
@@ -175,7 +197,7 @@ class Config:
     def to_json(self) -> dict:
         d = asdict(self)
         for k, off in {**HYBRID_DEFAULTS, **TREE_DEFAULTS, **ALLOCATOR_DEFAULTS,
-                       **RUN_DEFAULTS}.items():  # older traces stay as they were
+                       **SCHEDULE_DEFAULTS, **RUN_DEFAULTS}.items():  # older traces stay as they were
             if d[k] == off:
                 del d[k]
         return d
@@ -193,6 +215,9 @@ class Config:
 
 def _hybrid_error(cfg: "Config") -> Optional[str]:
     """Why the hybrid fields of cfg cannot run together, or None."""
+    if cfg.enable_priority_scheduling and cfg.hybrid:
+        return ("config.enable_priority_scheduling is not modelled with the hybrid pools "
+                "(swa_window, mamba_slots)")
     if not cfg.swa_window and cfg.swa_num_pages is not None:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
     if cfg.prefill_aware_swa and not (cfg.swa_window and cfg.era == "borrow"):

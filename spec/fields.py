@@ -24,6 +24,7 @@ MAX_PAGES = 2**16
 MAX_ROWS = 256
 MAX_PAGE_SIZE = 64
 MAX_DRAFTS = 64
+MAX_PRIORITY = 2**15
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ MAX_ROUND = 64
 """The most requests one scheduling round names (a trace's rounds stay small)."""
 Ids = Annotated[tuple[Id, ...], Length(1, MAX_ROUND)]
 """Request ids in the order a scheduling round takes them (each once)."""
+Priority = Annotated[int, Range(-MAX_PRIORITY, MAX_PRIORITY)]
+"""`GenerateReqInput.priority` under `--enable-priority-scheduling` (a larger value is
+scheduled first: `schedule_low_priority_values_first` off); 0 is the value
+`_set_or_validate_priority` gives a request that names none."""
 LogprobStart = Optional[Annotated[int, Range(-1, MAX_CONTEXT)]]
 """`return_logprob=True` with this `logprob_start_len` (-1: upstream's default), or None:
 no logprobs. At most the prompt's length (a larger one is `set_finish_with_abort`ed by

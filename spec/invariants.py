@@ -694,11 +694,14 @@ def locked_not_evicted(a: AbstractState, op, outcome, b: AbstractState, cfg=None
 
 def _round_released_locks(a: AbstractState, op, b: AbstractState):
     """A round releases locks before it evicts (`retract_decode` then
-    `check_decode_mem`): for a node path, how many of its locks were held by the round's
-    requests that hold none after it (0 outside rounds)."""
-    if not isinstance(op, O.ROUNDS):
+    `check_decode_mem`; a prefill round's preemption before its allocation): for a node
+    path, how many of its locks were held by the round's requests, or the running
+    requests it preempted, that hold none after it (0 outside rounds)."""
+    if not isinstance(op, (*O.ROUNDS, O.Schedule)):
         return lambda path: 0
-    acting = set(op.rids)
+    requeued = {r.rid for r in b.reqs if r.phase == "queued"}
+    acting = set(O.acting_rids(op)) | {r.rid for r in a.reqs
+                                        if r.phase == "decode" and r.rid in requeued}
     still = {r.rid for r in b.reqs if r.locked}
     gone = [r.anchor[1] for r in a.reqs
             if r.rid in acting and r.locked and r.rid not in still

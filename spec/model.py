@@ -34,6 +34,9 @@ SAMPLED_TOKEN = 1
 REUSED_ROW_014 = "reusing request must be chunked or have committed KV"
 """`ReqToTokenPool.alloc`'s assertion on a reused row, 0.5.14-0.5.18 (`inflight_middle_chunks
 > 0 or kv_committed_len > 0`)."""
+NO_ROW = "alloc_req_slots runs out of memory"
+"""`alloc_for_extend`'s error when `ReqToTokenPool.alloc` finds too few free rows (every
+release)."""
 REUSED_ROW_019 = "a reused row must carry allocated KV"
 """The same assertion from 0.5.19 on (`kv.kv_allocated_len > 0`; a reused row is a
 session slot's or a chunked request's, whose allocated and committed lengths are both 0 or
@@ -681,6 +684,7 @@ ACCEPTED_INVARIANTS = {
     "U6": ("I20",),
     "U7": (),               # the release raises: the spec stops at the same assertion
     "U8": ("I1", "I2", "I4"),   # the stub's own row and KV leak
+    "U9": (),               # the release raises: the spec stops at the same error
     "M2": ("I28",),         # the aborted turn's tokens become the checkpoint
 }
 """The invariants an accepted finding's known behaviour breaks on the spec itself ("ID" on
@@ -1091,12 +1095,18 @@ def _schedule_round(s: State, reqs: list, limit) -> str:
 class _Budget:
     """What one PrefillAdder has left while it admits a round: rows, KV tokens (beyond
     what the live `available + evictable` shows: the admitted requests' page-ceiled
-    extends) and the chunk (`rem_chunk_tokens`, None: no chunked prefill)."""
+    extends) and the chunk (`rem_chunk_tokens`, None: no chunked prefill). Under priority
+    scheduling also `memory_budget.total_offset`, which preemption reads: the running
+    batch's remaining output, then each admitted request's charge."""
 
     def __init__(self, s: State):
         self.rows = len(s.free_rows)
         self.reserved = 0
         self.chunk = s.cfg.chunk_size
+        self.offset = sum(s.unfiltered) + sum(running_offset(r) for r in dict.values(s.reqs)
+                                              if r.phase == "decode") \
+            if s.cfg.enable_priority_scheduling else 0
+        self.preempted: list = []
 
     def spent(self) -> bool:
         """`budget_state() == OTHER` for the chunk: the next request is not considered."""
@@ -1110,12 +1120,18 @@ class _Budget:
             self.rows -= 1
         if self.chunk is not None:
             self.chunk -= ceil_align(end - prefix, s.cfg.page_size)
+        if s.cfg.enable_priority_scheduling:   # PrefillBudget.reserve: the page-ceiled
+            P = s.cfg.page_size                 # extend, a page, and max_new_tokens
+            self.offset += ceil_align(end - prefix, P) + P + \
+                (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if end == req.seqlen else 0)
 
 
 def _admit_round(s: State, reqs: list, limit) -> list:
     """The PrefillAdder loop: the chunked request first (`add_chunked_req`), then each
     waiting request matched and admitted in order (`add_one_req`) until one is refused
     or the chunk budget is spent. Returns the batch: (req, prefix_len, extend end)."""
+    if s.cfg.filter_before_prefill:
+        update_running_batch(s)
     budget = _Budget(s)
     batch = []
     for i, req in enumerate(reqs):
@@ -1124,6 +1140,9 @@ def _admit_round(s: State, reqs: list, limit) -> list:
         if req.phase == "prefill":
             item = _add_chunked_req(s, req, budget, refused=limit is not None and i >= limit)
         else:
+            if s.cfg.enable_priority_scheduling and budget.rows <= 0 and \
+                    not preempt_to_schedule(s, req, budget):
+                break           # batch_is_full, and nothing to preempt for it
             item = _add_one_req(s, req, budget, refused=limit is not None and i >= limit)
             if item is None:
                 break
@@ -1132,7 +1151,99 @@ def _admit_round(s: State, reqs: list, limit) -> list:
             budget.charge(s, *item)
             if item[2] < item[0].seqlen and req.phase != "prefill":
                 break           # the new chunked request: rem_chunk_tokens is spent
+    for victim in budget.preempted:     # the preempted re-enter the waiting queue
+        enter_waiting_queue(s, victim)
     return batch
+
+
+# -- priority scheduling: preemption (0.5.23 schedule_policy.py l.1707-1777) -----------
+
+CLIP_MAX_NEW_TOKENS = 4096
+"""`SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION`'s default: the scheduler's estimates clip
+max_new_tokens there."""
+
+
+def running_batch(s: State) -> list:
+    """The running batch's live requests: those decoding (a finished request still in the
+    batch until `update_running_batch` filters it is in `s.unfiltered` alone)."""
+    return [s.reqs[rid] for rid in s.reqs if dict.__getitem__(s.reqs, rid).phase == "decode"]
+
+
+def running_offset(r: Req) -> int:
+    """`PrefillAdder._get_running_request_total_token_offset`: the output a running
+    request may still produce (the estimate's `new_token_ratio` taken as 1)."""
+    return min(r.max_new_tokens - len(r.output), CLIP_MAX_NEW_TOKENS)
+
+
+def preemption_order(reqs: list) -> list:
+    """`preempt_to_schedule`'s sort: the lowest priority first, then the latest to have
+    entered the waiting queue."""
+    return sorted(reqs, key=lambda r: (r.priority, -r.entered))
+
+
+def preempt_to_schedule(s: State, req: Req, budget: _Budget) -> bool:
+    """`PrefillAdder.preempt_to_schedule`, when the round's rows are spent: running
+    requests whose priority is lower by more than the threshold, in `preemption_order`, until their remaining output
+    covers what `req` needs beyond `rem_total_tokens` (its fill as last built, less its
+    last match, plus max_new_tokens). Finished requests still in the batch are skipped
+    (the two-phase finish: their KV is already released). True when that many were
+    found: each is released as a retraction (`release_req`) and re-enters the waiting
+    queue after the round; their rows count for the rest of the round."""
+    short = len(req.fill) - req.prefix_len + min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) \
+        - (available_size(s) + s.evictable_size - budget.offset)
+    victims = []
+    for r in preemption_order(running_batch(s)):
+        if req.priority - r.priority <= s.cfg.priority_scheduling_preemption_threshold:
+            break
+        victims.append(r)
+        short -= running_offset(r)
+        if short <= 0:
+            break
+    if not victims or short > 0:
+        return False
+    rows = len(s.free_rows)
+    for r in victims:
+        budget.offset -= running_offset(r)
+        _retract(s, r)
+    budget.rows += len(s.free_rows) - rows
+    budget.preempted += victims
+    return True
+
+
+def preempted_by(s: State, op: O.Op) -> list:
+    """The running requests that `op`, a prefill round (or `schedule`) enabled in s,
+    preempts (none when the step stops at an assertion)."""
+    if not (s.cfg.enable_priority_scheduling and isinstance(op, (O.Schedule, O.ScheduleRound))):
+        return []
+    running = [rid for rid, r in dict.items(s.reqs) if r.phase == "decode"]
+    if not running or not enabled(s, op):
+        return []
+    try:
+        after, _ = step(s, op)
+    except ModelError:      # the step itself reports it
+        return []
+    return [rid for rid in running
+            if rid in after.reqs and dict.__getitem__(after.reqs, rid).phase == "queued"]
+
+
+def _entered(s: State, req: Req, priority: int) -> None:
+    """A new request reaches `_add_request_to_queue`: its priority, then its entry."""
+    req.priority = priority
+    enter_waiting_queue(s, req)
+
+
+def enter_waiting_queue(s: State, req: Req) -> None:
+    """`_add_request_to_queue`'s `set_wait_queue_entry_time` (a new request, a retracted
+    or preempted one re-entering): the latest entry. Kept as a dense rank among the live
+    requests, so that two states differing only in their clocks are one state."""
+    if not s.cfg.enable_priority_scheduling:
+        return
+    req.entered = len(s.reqs) + 1
+    order = sorted((rid for rid in s.reqs if dict.__getitem__(s.reqs, rid).entered),
+                   key=lambda rid: dict.__getitem__(s.reqs, rid).entered)
+    for rank, rid in enumerate(order, 1):
+        if dict.__getitem__(s.reqs, rid).entered != rank:
+            s.reqs[rid].entered = rank
 
 
 def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
@@ -1148,6 +1259,12 @@ def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
     was_locked, req.locked = req.locked, True   # the budget is read under the lock
     hybrid.note_swa_lock(s, req)                # (its SWA part too: `_lock_node`)
     need = _new_tokens_needed(s, prefix, end)
+    if req.row is None and budget.rows < 1 and budget.preempted and accepts(s, "U9"):
+        raise ModelError(f"{NO_ROW}: req {req.rid} is admitted after preempting "
+                         f"{[r.rid for r in budget.preempted]}, whose rows their session slots "
+                         f"keep", upstream=(NO_ROW,))
+    # FIX(U9): the rows are checked again after a preemption (a preempted streaming
+    # turn's row stays with its session's slot)
     if (req.row is None and budget.rows < 1) or hybrid.mamba_short(s, req) or \
             need + budget.reserved > available_size(s) + s.evictable_size or \
             hybrid.swa_admission_short(s, need + budget.reserved):
@@ -1333,6 +1450,7 @@ def _decode(s: State, req: Req, token: int) -> str:
     pos = req.committed
     if not _alloc_decode(s, req.row, pos):
         return "oom"
+    update_running_batch(s)
     hybrid.free_swa_out_of_window_slots(s, req)
     hybrid.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
@@ -1351,6 +1469,7 @@ def _decode_round(s: State, reqs: list) -> str:
     token's KV; `process_batch_result_decode` appends the sampled token and finishes the
     requests at max_new_tokens, in batch order. "ok", or "oom" when a request had to be
     retracted or aborted."""
+    update_running_batch(s)
     out = "ok"
     if not _check_decode_mem(s, reqs):
         reqs = _retract_decode(s, reqs)
@@ -1403,7 +1522,9 @@ def _retract_decode(s: State, reqs: list) -> list:
         if len(kept) == 1:
             break
         first = False
-        _retract(s, kept.pop())
+        victim = kept.pop()
+        _retract(s, victim)
+        enter_waiting_queue(s, victim)
     if len(kept) <= 1 and not _check_decode_mem(s, kept):
         last = kept.pop()               # FINISH_ABORT, released as a retraction (release_req),
         _retract(s, last)               # never re-queued: it leaves as a queued abort does
@@ -1425,6 +1546,7 @@ def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> 
         if not _alloc_extend(s, req.row, req.allocated, need):
             return "oom"
         req.allocated = need
+    update_running_batch(s)
     hybrid.free_swa_out_of_window_slots(s, req)
     hybrid.decode_batch_done(req)
     req.output.extend([token] * (accepted + 1))
@@ -1454,10 +1576,24 @@ def _lookahead(s: State, req: Req) -> None:
 
 def _finish(s: State, req: Req) -> None:
     _lookahead(s, req)
+    _stays_in_batch(s, req)
     _finished(s, req, "length")
     req.finished_len = min(len(req.output), req.max_new_tokens)
     release_kv_cache(s, req)
     del s.reqs[req.rid]
+
+
+def _stays_in_batch(s: State, req: Req) -> None:
+    """The two-phase finish: a decoding request that finishes is released at once
+    (`process_batch_result`) but stays in the running batch, its remaining output still
+    counted by the next PrefillAdder, until `update_running_batch` filters it."""
+    if s.cfg.enable_priority_scheduling and req.phase == "decode":
+        s.unfiltered = tuple(sorted(s.unfiltered + (running_offset(req),)))
+
+
+def update_running_batch(s: State) -> None:
+    """A decode step begins: `filter_batch` drops the finished requests."""
+    s.unfiltered = ()
 
 
 def _finished(s: State, req: Req, reason: str) -> None:
@@ -1474,6 +1610,7 @@ def _finished(s: State, req: Req, reason: str) -> None:
 
 
 def _abort_running(s: State, req: Req) -> None:
+    _stays_in_batch(s, req)
     _finished(s, req, "abort")
     release_kv_cache(s, req)
     del s.reqs[req.rid]
@@ -1745,13 +1882,13 @@ def _open_refusal(s: State, op: O.OpenSession) -> Optional[str]:
 
 def _turn_refusal(s: State, op: O.SubmitTurn) -> Optional[str]:
     sess = dict.get(s.sessions, op.sid)
-    return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens)
+    return (_new_request_refusal(s, op.rid, op.new_tokens, op.max_new_tokens, op.priority)
             or _context_refusal(s, len(sess.checkpoint if sess else ()) + len(op.new_tokens),
                                 op.max_new_tokens))
 
 
 def _request_refusal(s: State, op: O.SubmitRequest) -> Optional[str]:
-    return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens)
+    return (_new_request_refusal(s, op.rid, op.tokens, op.max_new_tokens, op.priority)
             or _context_refusal(s, len(op.tokens), op.max_new_tokens))
 
 
@@ -1879,9 +2016,12 @@ _GUARDS = {
 }
 
 
-def _new_request_refusal(s: State, rid: int, tokens, max_new: int) -> Optional[str]:
+def _new_request_refusal(s: State, rid: int, tokens, max_new: int, priority: int) -> Optional[str]:
     if rid in s.reqs:
         return f"request {rid} already exists"
+    if priority and not s.cfg.enable_priority_scheduling:
+        return ("a priority needs config.enable_priority_scheduling (without it upstream "
+                "aborts the request as it enters the queue: queue_reject)")
     if len(tokens) < 1:
         return "a request needs at least one token"
     return None if max_new >= 1 else "max_new_tokens must be >= 1"
@@ -1926,9 +2066,11 @@ def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:
         out = "ok"
     elif isinstance(op, O.SubmitTurn):
         out = _submit_turn(s, op)
+        _entered(s, s.reqs[op.rid], op.priority)
     elif isinstance(op, O.SubmitRequest):
         s.reqs[op.rid] = Req(op.rid, None, False, False, tuple(op.tokens), [], op.max_new_tokens,
                              logprob_start=resolve_logprob_start(op.logprob_start_len, len(op.tokens)))
+        _entered(s, s.reqs[op.rid], op.priority)
         out = "ok"
     elif isinstance(op, O.Schedule):
         out = _schedule(s, req, op.admit)
@@ -1956,6 +2098,7 @@ def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:
         out = "ok"
     elif isinstance(op, O.Retract):
         _retract(s, req)
+        enter_waiting_queue(s, req)
         out = "ok"
     elif isinstance(op, O.CloseSession):
         out = _close_session(s, op.sid)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Annotated, ClassVar, Optional
 
-from kvcheck.spec.fields import (MAX_DRAFTS, MAX_ID, MAX_ROUND, Id, Ids, LogprobStart, Range, TokenCount,
-                         TokenId, Tokens, field_error)
+from kvcheck.spec.fields import (MAX_DRAFTS, MAX_ID, MAX_ROUND, Id, Ids, LogprobStart, Priority,
+                         Range, TokenCount, TokenId, Tokens, field_error)
 
 
 class OpError(ValueError):
@@ -24,17 +24,22 @@ class OpError(ValueError):
 @dataclass(frozen=True)
 class Op:
     name: ClassVar[str] = "op"
+    quiet: ClassVar[frozenset] = frozenset()
+    """Fields a trace omits at their default (added after traces were written without
+    them; an older trace reads back unchanged)."""
+
+    def args(self) -> list:
+        """(field, value) of each field a trace and a report show: every one but the
+        quiet fields at their default."""
+        return [(f.name, getattr(self, f.name)) for f in fields(self)
+                if not (f.name in self.quiet and getattr(self, f.name) == f.default)]
 
     def to_json(self) -> dict:
-        out = {"op": self.name}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
+        return {"op": self.name,
+                **{k: list(v) if isinstance(v, tuple) else v for k, v in self.args()}}
 
     def __str__(self) -> str:
-        args = ", ".join(f"{f.name}={getattr(self, f.name)!r}" for f in fields(self))
-        return f"{self.name}({args})"
+        return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in self.args())})"
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,13 @@ class SubmitTurn(Op):
     """`Session.create_req`: the next turn = checkpoint tokens + new_tokens.
     Rejected (an aborted 1-token stub with `to_finish` set) while a turn is in flight."""
     name: ClassVar[str] = "submit_turn"
+    quiet: ClassVar[frozenset] = frozenset({"priority"})
     sid: Id
     rid: Id
     new_tokens: Tokens
     max_new_tokens: TokenCount
+    priority: Priority = 0
+    """The turn's `priority` (needs `config.enable_priority_scheduling` when not 0)."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,13 @@ class SubmitRequest(Op):
     match (`_compute_max_prefix_len`). A streaming turn's is overridden to -1 by
     `init_next_round_input`, so `submit_turn` has none."""
     name: ClassVar[str] = "submit_request"
+    quiet: ClassVar[frozenset] = frozenset({"priority"})
     rid: Id
     tokens: Tokens
     max_new_tokens: TokenCount
     logprob_start_len: LogprobStart = None
+    priority: Priority = 0
+    """The request's `priority` (needs `config.enable_priority_scheduling` when not 0)."""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Optional
 
 from kvcheck.spec import hybrid, mamba_tree, ops as O
-from kvcheck.spec.model import available_size, enabled, retraction_order
+from kvcheck.spec.model import (ModelError, _add_one_req, _Budget, available_size, enabled,
+                                retraction_order)
 from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.state import State
 from kvcheck.spec.violations import Violation
@@ -67,8 +68,10 @@ def drain_op(s: State, last: Optional[O.Op] = None, stalled: int = 0) -> Optiona
     reqs = list(dict.values(s.reqs))
     if not reqs:
         return next((O.CloseSession(sid) for sid in s.sessions), None)
-    waiting = [r.rid for r in reqs if r.phase == "prefill"] + \
-        [r.rid for r in reqs if r.phase == "queued"]
+    queued = [r for r in reqs if r.phase == "queued"]
+    if s.cfg.enable_priority_scheduling:    # `_sort_by_priority_and_fcfs`
+        queued.sort(key=lambda r: (-r.priority, r.entered))
+    waiting = [r.rid for r in reqs if r.phase == "prefill"] + [r.rid for r in queued]
     decoding = [r for r in reqs if r.phase == "decode"]
     if stalled >= (2 if waiting and decoding else 1):
         return _unblock(s, reqs, waiting, decoding)
@@ -98,7 +101,7 @@ def _kind(op) -> Optional[str]:
 
 def _prefill_ops(s: State, waiting: list):
     """The prefill round over every waiting request in queue order (the chunked request
-    first), else the chunked request's next chunk or a waiting request alone, in that
+    first; under priority scheduling the queue is sorted by priority, then entry), else the chunked request's next chunk or a waiting request alone, in that
     order (the first the guard lets run)."""
     if not waiting:
         return
@@ -144,18 +147,31 @@ def _unblock(s: State, reqs: list, waiting: list, decoding: list) -> Optional[O.
 
 def starved(s: State, r) -> bool:
     """Whether a waiting request's next prefill cannot fit what the pools have free or
-    evictable: no free row for a request without one, no Mamba slot for it, or fewer KV
-    (or SWA) tokens than its next chunk (a queued request's whole extend, its prefix match
-    not counted: an upper bound)."""
+    evictable: a queued request's own admission alone in a round refuses it; the chunked
+    request's: no free row, no Mamba slot, or fewer KV (or SWA) tokens than its next
+    chunk."""
     if (r.row is None and not s.free_rows) or hybrid.mamba_short(s, r):
         return True
     if s.cfg.mamba_tree and (len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r) or
                              (mamba_tree.chunk_refusal(s, r) if r.phase == "prefill" else
                               mamba_tree.cow_refusal(s, r))):
         return True     # the match's (or the chunk's) copy-on-write takes a slot too
+    if r.phase == "queued":
+        return _refused_alone(s, r.rid)
     left = r.seqlen - r.extend_end
     need = ceil_align(min(left, s.cfg.chunk_size or left), s.cfg.page_size)
     return available_size(s) + s.evictable_size < need or hybrid.swa_admission_short(s, need)
+
+
+def _refused_alone(s: State, rid: int) -> bool:
+    """A queued request's own admission, alone in a round (`_add_one_req` on a copy: its
+    match, the lock the match takes, which pins what it matched, then every budget of the
+    round: rows, KV, SWA, Mamba) turns it down."""
+    t = s.clone()
+    try:
+        return _add_one_req(t, t.reqs[rid], _Budget(t), refused=False) is None
+    except ModelError:
+        return False
 
 
 def not_drained(s: State, steps: int, bound: int) -> Violation:

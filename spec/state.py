@@ -201,6 +201,10 @@ class Req:
     decode_batch_idx: int = 0               # decode batches run (SWA eviction from the 2nd)
     mamba_pool_idx: Optional[int] = None    # Mamba state slot (HybridReqToTokenPool)
     mamba_ping_pong_track_buffer: Optional[tuple] = None    # track slots; -1 = lazy, none yet
+    # priority scheduling (config.enable_priority_scheduling; 0 without it)
+    priority: int = 0                       # req.priority
+    entered: int = 0                        # wait_queue_entry_time, as a rank among live
+                                            # requests (1: the earliest to enter the queue)
 
     @property
     def fill_ids(self) -> tuple:
@@ -279,6 +283,9 @@ class State:
     mamba_free_slots: list = field(default_factory=list)
     forward_iter: int = 0
     mamba_clock: int = 0        # the Mamba LRU's clock (spec/mamba_tree.py)
+    unfiltered: tuple = ()      # priority scheduling: the running batch's finished requests
+                                # (their remaining max_new_tokens, sorted), until
+                                # update_running_batch filters them
 
     def clone(self) -> "State":
         """A copy that shares every entity copy-on-write (see `CowMap`); from here on

@@ -234,7 +234,7 @@ def test_hypothesis_engine_finds_and_kvcheck_shrinks(tmp_path, capsys):
 
 
 def test_check_reports_the_differential_failure_before_its_part_ends(tmp_path):
-    p = subprocess.run(cli_cmd("check", "--skip-explore", "--skip-proofs", "--examples", "20",
+    p = subprocess.run(cli_cmd("check", "--skip-explore", "--skip-proofs", "--examples", "60",
                                "--out", str(tmp_path), fault="free_tail_unaligned"),
                        capture_output=True, text=True, cwd=ROOT, env={**env(), "PYTHONUNBUFFERED": "1"},
                        timeout=600)

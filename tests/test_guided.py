@@ -141,8 +141,8 @@ def test_fresh_walks_preview_plans_and_run_the_one_with_the_rarest_traits(monkey
 
 def test_previewed_fresh_walks_spread_over_more_traits_than_the_walks_own():
     g = Guided(0, "spec")
-    guided = [g.preview(i, None) for i in range(24)]
-    own = [draw_plan(RandomDrawer(plan_rng(0, i))) for i in range(24)]
+    guided = [g.preview(i, None) for i in range(40)]
+    own = [draw_plan(RandomDrawer(plan_rng(0, i))) for i in range(40)]
 
     def spread(plans):
         return len({t for p in plans for t in plan_traits(p)})

@@ -51,7 +51,10 @@ CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
           ("0.5.23", "close_keeps_mamba", "I44", 4, "sglang-mamba-tree"),
           # upstream's own round code: PrefillAdder's budget, alloc_for_extend's rows
           ("0.5.15", "round_charge_leak", "D2", 3, "sglang-rounds"),
-          ("0.5.23", "extend_rows_swapped", "C4", 4, "sglang-rounds")]
+          ("0.5.23", "extend_rows_swapped", "C4", 4, "sglang-rounds"),
+          # upstream's own preempt_to_schedule: the two-phase finish, the victims' order
+          ("0.5.15", "preempt_takes_finished", "E1", 6, "sglang-priority-finish"),
+          ("0.5.15", "preempt_oldest_first", "D1", 5, "sglang-priority")]
 
 
 @pytest.mark.parametrize("version,fault,inv,step,scope",

@@ -49,7 +49,7 @@ print("row", [(v.id, v.owner) for v in b.upstream_leak_violations()])
 
 
 @pytest.mark.parametrize("version,accept,sequences,seed", [venv("0.5.15", "U1,U2,U3", 10, 9),
-                                                           venv("0.5.23", "U1,U2,U6,M2", 10, 4)])
+                                                           venv("0.5.23", "U1,U2,U6,U7,U9,M2", 10, 6)])
 def test_upstream_accounting_and_the_retry_of_a_retracted_turn(version, accept, sequences, seed):
     """One release process: upstream's idle leak check passes on an idle state and fails
     (L1) once a slot claims a token nobody allocated, (L2) once a row is lost; then the `--accept` walk (the

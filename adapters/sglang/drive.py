@@ -40,6 +40,30 @@ class _RetractHook:
         return ScheduleBatch.release_req(self.batch, idx, *args, **kwargs)
 
 
+class _RunningBatch:
+    """The running batch as `PrefillAdder.preempt_to_schedule` reads it: its requests in
+    merge order (a finished one still there unless filtered), `release_req` of one of them
+    (the victim's overlap lookahead, then upstream's module-level `release_req`) and
+    `filter_batch(keep_indices)` over the list. kvcheck's glue: the adapter keeps one
+    batch per request, so the merged batch's tensors are not built."""
+
+    def __init__(self, drive, lives: list):
+        self.drive, self.lives = drive, list(lives)
+        self.reqs = [L.req for L in self.lives]
+        for L in self.lives:        # the entry order preempt_to_schedule sorts by
+            L.req.time_stats.wait_queue_entry_time = float(L.entered)
+
+    def release_req(self, idx, remaining, *args, **kwargs):
+        L = self.lives[idx]
+        self.drive._lookahead(L)
+        self.drive._release_req(L)
+        return True
+
+    def filter_batch(self, keep_indices=None, **kwargs):
+        self.lives = [self.lives[i] for i in keep_indices]
+        self.reqs = [L.req for L in self.lives]
+
+
 class Drive:
     """The operations of SglangBackend (adapters/sglang/backend.py)."""
 
@@ -58,6 +82,7 @@ class Drive:
             req = session.create_req(t, tokenizer=None, vocab_size=VOCAB)
             stub = req.to_finish is not None
             self.live[op.rid] = _Live(op.rid, req, streaming=True, rejected=stub)
+            self._enqueue(self.live[op.rid], op.priority)
             return "stub" if stub else "ok"
         # session closing (or unknown): a plain Req aborted at once, no session attached
         from sglang.srt.managers.schedule_batch import Req
@@ -67,6 +92,7 @@ class Drive:
                                   if session is not None else
                                   f"Invalid request: session id {sid} does not exist")
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
+        self._enqueue(self.live[op.rid], op.priority)
         return "stub"
 
     def _op_submit_request(self, op):
@@ -79,7 +105,20 @@ class Drive:
         # init_next_round_input then caps the prefix match with it
         req.logprob_start_len = resolve_logprob_start(op.logprob_start_len, len(op.tokens))
         self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
+        self._enqueue(self.live[op.rid], op.priority)
         return "ok"
+
+    def _enqueue(self, L, priority=None) -> None:
+        """Under priority scheduling, `_add_request_to_queue`: the priority
+        `_set_or_validate_priority` leaves (the client's, sent explicitly) and the entry
+        (`set_wait_queue_entry_time`), on the adapter's own clock: `_RunningBatch` hands
+        it to `time_stats` for the calls that read it."""
+        if not self.cfg.enable_priority_scheduling:
+            return
+        if priority is not None:
+            L.req.priority = priority
+        self.entries += 1
+        L.entered = self.entries
 
     def _op_schedule(self, op):
         """get_new_batch_prefill for one waiting request: the round of one."""
@@ -97,9 +136,11 @@ class Drive:
         refused or the verdict is OTHER; then `ScheduleBatch.init_new(can_run_list)
         .prepare_for_extend()` allocates rows and KV for the whole batch and runs the
         session hooks, and its result is processed request by request."""
+        if self.cfg.filter_before_prefill:
+            self._filter_batch()
         adder = self._prefill_adder()
         kv = _RoundKV(self.pool.available_size())
-        batch = []
+        batch, preempted = [], []
         for i, rid in enumerate(rids):
             if self._budget_spent(adder):
                 break
@@ -108,11 +149,16 @@ class Drive:
             if L.phase == "prefill":
                 item = self._add_chunked_req(adder, L, kv, refused)
             else:
+                if self.cfg.enable_priority_scheduling and kv.rows <= 0 and \
+                        not self._preempt_to_schedule(adder, L, kv, preempted):
+                    break           # batch_is_full, and nothing to preempt for it
                 item = self._add_one_req(adder, L, kv, refused)
                 if item is None:
                     break
             if item is not None:
                 batch.append(item)
+        for L in sorted(preempted, key=lambda L: (L.req.priority, -L.entered)):
+            self._enqueue(L)            # the preempted re-enter the waiting queue
         if batch:
             self._extend_batch(batch)
             for L, _, end, input_len in batch:
@@ -120,6 +166,43 @@ class Drive:
                 if end == input_len:
                     self._prefill_result(L)
         return "ok" if len(batch) == len(rids) else "rejected"
+
+    def _preempt_to_schedule(self, adder, L, kv, preempted: list) -> bool:
+        """Upstream's own `PrefillAdder.preempt_to_schedule(req)` over the running batch
+        (`_RunningBatch`): its victims, their order and its token test. The adapter's
+        adder is built without the running batch (the spec's admission does not reserve
+        its output), so for the call its budget carries the running requests' remaining
+        output, as the scheduler's adder does; afterwards the budget is as before less the
+        victims' (upstream subtracts those itself). The victims wait again; the rows they
+        freed count for the rest of the round (`get_num_allocatable_reqs`)."""
+        from sglang.srt.server_args import get_global_server_args
+        batch = _RunningBatch(self, self.running)
+        offsets = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
+        budget, field = (adder.memory_budget, "total_offset") if hasattr(adder, "memory_budget") \
+            else (adder, "rem_total_token_offset")
+        setattr(budget, field, getattr(budget, field) + offsets)
+        adder.running_batch = batch
+        adder.priority_scheduling_preemption_threshold = \
+            self.cfg.priority_scheduling_preemption_threshold   # the scheduler passes its flag
+        rows, before = self.pool.available_size(), len(adder.preempt_list)
+        args = (get_global_server_args(),) if self.api == "flat" else ()
+        try:
+            ok = adder.preempt_to_schedule(L.req, *args)
+        finally:
+            adder.running_batch = None
+            left = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
+            setattr(budget, field, getattr(budget, field) - left)
+        by_req = {id(x.req): x for x in self.running}
+        for req in adder.preempt_list[before:]:
+            victim = by_req[id(req)]
+            self._retracted(victim)
+            preempted.append(victim)
+        kv.rows += self.pool.available_size() - rows
+        return ok
+
+    def _filter_batch(self) -> None:
+        """filter_batch: the finished requests leave the running batch."""
+        self.running = [L for L in self.running if not L.req.finished()]
 
     @staticmethod
     def _budget_spent(adder) -> bool:
@@ -173,7 +256,11 @@ class Drive:
             return False
         if not waiting:
             return True
-        return not ((self._row(req) is None and kv.rows < 1) or
+        # rows: under priority scheduling only the round's batch_is_full test, before the
+        # match and preemption, counts them (upstream's add_one_req does not)
+        rows_short = self._row(req) is None and kv.rows < 1 and \
+            not self.cfg.enable_priority_scheduling
+        return not (rows_short or
                     hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or
                     (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)))
 
@@ -261,6 +348,7 @@ class Drive:
         pos = self._lens(req)[0]
         if not self._can_alloc_decode(pos):
             return "oom"
+        self._filter_batch()
         self._prepare_for_decode(L)
         self._write_shadow(req, pos, pos + 1)
         req.output_ids.append(op.token)
@@ -286,6 +374,7 @@ class Drive:
                 return "oom"
             self._alloc_range(req, allocated, need)
             self._set_lens(req, allocated=need)
+        self._filter_batch()
         self._swa_decode_step(L)
         req.output_ids.extend([op.token] * (op.accepted + 1))
         self._set_lens(req, committed=committed + op.accepted + 1)
@@ -353,8 +442,10 @@ class Drive:
         return "ok"
 
     def _op_retract(self, op):
-        """ScheduleBatch.retract_decode for one request."""
-        self._retract(self.live[op.rid])
+        """ScheduleBatch.retract_decode for one request; it re-enters the queue."""
+        L = self.live[op.rid]
+        self._retract(L)
+        self._enqueue(L)
         return "ok"
 
     def _retract(self, L) -> None:
@@ -364,12 +455,14 @@ class Drive:
         self._release_req(L)
         self._retracted(L)
 
-    @staticmethod
-    def _retracted(L) -> None:
-        """The scheduler's view of a retracted request: waiting again, nothing held."""
+    def _retracted(self, L) -> None:
+        """The scheduler's view of a retracted request: waiting again, nothing held, out
+        of the running batch."""
         L.phase = "queued"
         L.locked = False
         L.batch = None
+        if L in self.running:
+            self.running.remove(L)
 
     def _op_decode_round(self, op):
         """update_running_batch and a decode step over the running batch, all upstream's:
@@ -378,6 +471,7 @@ class Drive:
         batch's `prepare_for_decode` (one eviction and `alloc_for_decode` for the whole
         batch); the forward's KV and the result in batch order."""
         lives = [self.live[rid] for rid in op.rids]
+        self._filter_batch()
         batch = self._merged_batch(lives)
         out = "ok"
         if not batch.check_decode_mem():
@@ -430,6 +524,8 @@ class Drive:
         retracted, _, aborted = batch.retract_decode(*args)
         for req in retracted + aborted:
             self._retracted(by_req[id(req)])
+        for req in retracted:       # update_running_batch re-queues them
+            self._enqueue(by_req[id(req)])
         for req in aborted:         # FINISH_ABORT: only an abort output is sent
             self.live.pop(by_req[id(req)].rid)
         return [by_req[id(req)] for req in batch.reqs]
@@ -540,6 +636,8 @@ class Drive:
             return
         self._cache_unfinished(L, chunked=False)
         L.phase = "decode"
+        if self.cfg.enable_priority_scheduling:     # merged into the running batch
+            self.running.append(L)
 
     def _cache_unfinished(self, L, chunked: bool) -> None:
         from sglang.srt.mem_cache import common

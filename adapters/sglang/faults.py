@@ -434,6 +434,47 @@ def _extend_rows_swapped(version: str) -> None:
     _patch(_allocation_module(version), None, "alloc_req_slots", make)
 
 
+def _preempt_takes_finished(version: str) -> None:
+    # preempt_to_schedule's NOTE: "A request finishes in two phases ... Preemption runs
+    # between these two phases ... so running_batch may still contain requests whose KV
+    # cache is already freed. We must skip them here to avoid a double-free on
+    # release_req." Hide that they finished for the call.
+    def make(orig):
+        def preempt_to_schedule(self, req, *args, **kwargs):
+            done = [r for r in self.running_batch.reqs if r.finished()]
+            for r in done:
+                r.finished = _not_finished
+            try:
+                return orig(self, req, *args, **kwargs)
+            finally:
+                for r in done:
+                    del r.finished
+        return preempt_to_schedule
+    _patch(POLICY, "PrefillAdder", "preempt_to_schedule", make)
+
+
+def _not_finished() -> bool:
+    return False
+
+
+def _preempt_oldest_first(version: str) -> None:
+    # preempt_to_schedule sorts its candidates by priority, then
+    # `-x.time_stats.wait_queue_entry_time`: the latest to enter the queue is preempted
+    # first. Negate the entry times for the call: the earliest is.
+    def make(orig):
+        def preempt_to_schedule(self, req, *args, **kwargs):
+            reqs = list(self.running_batch.reqs)
+            for r in reqs:
+                r.time_stats.wait_queue_entry_time *= -1
+            try:
+                return orig(self, req, *args, **kwargs)
+            finally:
+                for r in reqs:
+                    r.time_stats.wait_queue_entry_time *= -1
+        return preempt_to_schedule
+    _patch(POLICY, "PrefillAdder", "preempt_to_schedule", make)
+
+
 BOTH = ("0.5.15", "0.5.23")
 
 FAULTS: dict[str, Fault] = {f.name: f for f in (
@@ -534,6 +575,16 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "check_decode_mem passes while the decode batch is short",
           "new_tokens_required_next_decode's page per request whose next token starts one",
           _decode_mem_one_page),
+    Fault("preempt_takes_finished", ("0.5.15",),
+          "preempt_to_schedule does not skip the finished requests still in the running "
+          "batch: a finished request is released a second time",
+          "preempt_to_schedule's NOTE on the two-phase finish ('We must skip them here to "
+          "avoid a double-free on release_req')", _preempt_takes_finished),
+    Fault("preempt_oldest_first", BOTH,
+          "preempt_to_schedule breaks a priority tie by the earliest queue entry: the "
+          "longest-waiting running request is preempted first",
+          "preempt_to_schedule's sort key (priority, -wait_queue_entry_time)",
+          _preempt_oldest_first),
     Fault("extend_rows_swapped", BOTH,
           "alloc_for_extend gets the batch's rows in reverse order: each request's KV "
           "indices are written into another request's row",

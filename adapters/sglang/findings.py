@@ -14,22 +14,23 @@ from __future__ import annotations
 from typing import Optional
 
 from kvcheck.spec import ops as O
-from kvcheck.spec.model import queued_borrow_holds_mamba, refusal, step
+from kvcheck.spec.model import preempted_by, queued_borrow_holds_mamba, refusal, step
 
 RELEASES = {"0.5.14": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.15": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.16": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.17": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.18": ("U1", "U2", "U3", "U8", "M2"),
-            "0.5.19": ("U1", "U2", "U3", "M2"),
-            "0.5.22": ("U1", "U2", "U6", "U7", "M2"),
-            "0.5.23": ("U1", "U2", "U6", "U7", "M2")}
+            "0.5.15": ("U1", "U2", "U3", "U8", "U9", "M2"),
+            "0.5.16": ("U1", "U2", "U3", "U8", "U9", "M2"),
+            "0.5.17": ("U1", "U2", "U3", "U8", "U9", "M2"),
+            "0.5.18": ("U1", "U2", "U3", "U8", "U9", "M2"),
+            "0.5.19": ("U1", "U2", "U3", "U9", "M2"),
+            "0.5.22": ("U1", "U2", "U6", "U7", "U9", "M2"),
+            "0.5.23": ("U1", "U2", "U6", "U7", "U9", "M2")}
 """release -> findings present in it (0.5.14 and 0.5.16-0.5.19 as 0.5.15, 0.5.22 as 0.5.23: their
 copies of those releases' traces, in stateful_tests/upstream/, all as expected there; U3 is
 fixed in 0.5.22; U6 is new there, brought by that fix; U7: the borrow era's slot taken at
 the first turn's allocation, scheduling rounds only; U8: its wrapper-era counterpart,
 0.5.14-0.5.18 (the same abort branch), where 0.5.19-0.5.21's shared record asserts
-`kv is slot.kv` instead; U4 is withdrawn: it is the
+`kv is slot.kv` instead; U9: priority scheduling, 0.5.15-0.5.19 and 0.5.22+ (0.5.14 sizes
+a preemption by another rule and is not driven with priority scheduling); U4 is withdrawn: it is the
 wrong-token consequence of U1/U2; M2: hybrid SSM models only)."""
 
 
@@ -88,6 +89,12 @@ def _decode_round_retracts_turn(s, op) -> bool:
                for r in op.rids)
 
 
+def _round_preempts_turn(s, op) -> bool:
+    """A prefill round whose priority preemption (`preempt_to_schedule` -> `release_req`)
+    takes a streaming turn: U2's retract path."""
+    return any(_streaming_turn(s, rid) for rid in preempted_by(s, op))
+
+
 def _trigger(s, op) -> Optional[str]:
     if isinstance(op, O.SubmitTurn):
         sess = s.sessions.get(op.sid)
@@ -95,7 +102,7 @@ def _trigger(s, op) -> Optional[str]:
             return "U1"     # H3: the rejected stub's abort_req clears another turn's _inflight
     if isinstance(op, O.Retract) and _streaming_turn(s, op.rid):
         return "U2"         # H4: retract runs finish_req (checkpoint advances, _inflight cleared)
-    if _decode_round_retracts_turn(s, op):
+    if _decode_round_retracts_turn(s, op) or _round_preempts_turn(s, op):
         return "U2"
     if _stub_in_first_round(s, op):
         return "U7"         # the stub's take meets the slot its session's turn just took
@@ -130,7 +137,8 @@ def leaves_one_turn_per_session(s, op) -> Optional[str]:
     still lives): a turn submitted, or the session closed, while an earlier turn of it is
     queued, running or retracted and the session is not in flight; a stub whose
     `abort_req()` clears a running turn's mark (U1 at its schedule, U6 at its queue drop)
-    while a close waits for that turn. Past these the spec soon breaks an invariant
+    while a close waits for that turn; a prefill round that preempts a streaming turn
+    (U2: its `finish_req` clears the mark while the turn waits again). Past these the spec soon breaks an invariant
     outside the accepted findings' model (I4, I22: two turns on one row, a session
     released under its turn) and the lockstep stops comparing (`checker.Beyond`); the
     walk leaves them out of one sequence in two (`walk.draw_findings`)."""
@@ -142,7 +150,10 @@ def leaves_one_turn_per_session(s, op) -> Optional[str]:
             if r.session == op.sid and not r.rejected:
                 return "one turn per session"
         return None
-    if isinstance(op, (O.Schedule, O.AbortQueued, O.QueueReject)) and \
-            _queued_stub_of_busy_session(s, op.rid) and s.sessions[s.reqs[op.rid].session].close_pending:
+    if isinstance(op, (O.Schedule, O.ScheduleRound, O.AbortQueued, O.QueueReject)) and \
+            any(_queued_stub_of_busy_session(s, rid) and s.sessions[s.reqs[rid].session].close_pending
+                for rid in O.acting_rids(op)):
         return "one turn per session"
+    if "U2" in s.cfg.accept and _round_preempts_turn(s, op):
+        return "one turn per session"   # U2: the preempted turn's finish_req clears _inflight
     return None

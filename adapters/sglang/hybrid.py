@@ -160,6 +160,13 @@ def evicts_shortfall(version) -> bool:
     return release_tuple(version) >= (0, 5, 17)
 
 
+def filters_before_prefill(version) -> bool:
+    """Whether the release filters the finished requests out of the running batch before
+    every prefill round (0.5.23 scheduler.py l.3963-3968, `Config.filter_before_prefill`);
+    before it they stay until `update_running_batch`."""
+    return release_tuple(version) >= (0, 5, 23)
+
+
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
     (kvcheck.spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22

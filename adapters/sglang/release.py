@@ -189,6 +189,7 @@ class _Live:
         self.phase = "queued"
         self.locked = False
         self.batch = None
+        self.entered = 0        # priority scheduling: the queue entry (the adapter's clock)
 
 
 class _ShadowClearing:
@@ -224,6 +225,17 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
                 f"evict_from_tree_cache evicts {'only the shortfall' if rule else 'the whole need'} "
                 "(0.5.14-0.5.16 the whole need, 0.5.17+ the shortfall); run this trace with "
                 f"evict_shortfall={rule}")
+    if cfg.enable_priority_scheduling and version and hybrid.release_tuple(version) < (0, 5, 15):
+        return (f"config.enable_priority_scheduling: sglang {version}'s preempt_to_schedule "
+                "sizes the request by its last round's extend_input_len, where 0.5.15+, which "
+                "the spec follows, reads its fill ids less its last match")
+    if cfg.enable_priority_scheduling and version and \
+            cfg.filter_before_prefill != hybrid.filters_before_prefill(version):
+        rule = hybrid.filters_before_prefill(version)
+        return (f"config.filter_before_prefill is {cfg.filter_before_prefill} but sglang "
+                f"{version} {'filters' if rule else 'does not filter'} the finished requests "
+                "out of the running batch before each prefill round (0.5.23+ does); run this "
+                f"trace with filter_before_prefill={rule}")
     return hybrid.refusal(cfg, api, version)
 
 

@@ -76,14 +76,19 @@ def one_in(d: Drawer, n: int, label: str = "go") -> bool:
 def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = None,
                 era: Optional[str] = None, accept: tuple = (), hybrid: Optional[bool] = None,
                 hybrid_kinds: tuple = (), tree_off: bool = True,
-                evict_shortfall: Optional[bool] = None) -> Config:
+                evict_shortfall: Optional[bool] = None,
+                priority: Optional[bool] = None,
+                filter_before_prefill: Optional[bool] = None) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
     `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
     SWA / Mamba pools always (True), never (False), or one config in three (either era),
     of `hybrid_kinds` (default HYBRID_KINDS); `tree_off`: draw the disabled tree in one
     borrow-era config in six (`draw_tree_off`; False: never, as for a real release,
     `backends.config_kw`, whose hybrid kinds say where it runs one); `evict_shortfall`:
-    the wrapper era's eviction rule, drawn when None (`draw_evict_shortfall`)."""
+    the wrapper era's eviction rule, drawn when None (`draw_evict_shortfall`);
+    `priority`: priority scheduling always (True), never (False) or drawn
+    (`draw_priority_scheduling`), with `filter_before_prefill` given (a release's rule) or
+    drawn."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
@@ -93,7 +98,29 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
         if not hybrid_kinds:
             cfg = draw_mamba_tree_in(d, cfg, era_drawn=era is None)
     cfg = draw_tree_off(d, cfg) if tree_off else cfg
-    return draw_evict_shortfall(d, cfg, evict_shortfall)
+    cfg = draw_evict_shortfall(d, cfg, evict_shortfall)
+    if priority is False:
+        return cfg
+    return draw_priority_scheduling(d, cfg, priority, filter_before_prefill)
+
+
+PRIORITY_ONE_IN = 3
+
+
+def draw_priority_scheduling(d: Drawer, cfg: Config, always: Optional[bool] = None,
+                             filter_before_prefill: Optional[bool] = None) -> Config:
+    """`--enable-priority-scheduling` (preemption) on a non-hybrid cfg, one time in
+    PRIORITY_ONE_IN, with or without 0.5.23's filter of the running batch before each
+    prefill round, and with 1 to 3 rows (a round preempts only when the rows are spent);
+    drawn last, so the rest of the config draws as before."""
+    from dataclasses import replace
+    if cfg.hybrid or not (always or one_in(d, PRIORITY_ONE_IN, "enable_priority_scheduling")):
+        return cfg
+    if filter_before_prefill is None:
+        filter_before_prefill = boolean(d, "filter_before_prefill")
+    rows = min(cfg.num_rows, d.integer(1, 3, "priority_rows"))  # rounds short of rows preempt
+    return replace(cfg, enable_priority_scheduling=True, filter_before_prefill=filter_before_prefill,
+                   num_rows=rows)
 
 
 def draw_evict_shortfall(d: Drawer, cfg: Config, given: Optional[bool] = None) -> Config:
@@ -305,7 +332,7 @@ def _submit_turn(c: Ctx, d: Drawer):
     P = c.cfg.page_size
     if _refused(d, "no_session"):       # an aborted stub: the session id is not open
         return O.SubmitTurn(c.fresh(), c.fresh(), draw_prompt(d, P, 1, 10, "new_tokens"),
-                            draw_length(d, P, 1, 10, "max_new_tokens"))
+                            draw_length(d, P, 1, 10, "max_new_tokens"), draw_priority(c, d))
     if not s.sessions:
         return None
     idle = sorted(x for x, v in s.sessions.items() if v.inflight_rid is None)
@@ -313,7 +340,8 @@ def _submit_turn(c: Ctx, d: Drawer):
     pool = idle if idle and d.integer(0, 3, "idle") else sorted(s.sessions)
     sid = d.choice(pool, "sid")
     new = draw_prompt(d, P, 1, 10, "new_tokens")
-    return O.SubmitTurn(sid, c.fresh(), new, draw_length(d, P, 1, 10, "max_new_tokens"))
+    return O.SubmitTurn(sid, c.fresh(), new, draw_length(d, P, 1, 10, "max_new_tokens"),
+                        draw_priority(c, d))
 
 
 def _submit_request(c: Ctx, d: Drawer):
@@ -322,7 +350,21 @@ def _submit_request(c: Ctx, d: Drawer):
     P = c.cfg.page_size
     tokens = draw_prompt(d, P, 1, 16, "tokens")
     return O.SubmitRequest(c.fresh(), tokens, draw_length(d, P, 1, 10, "max_new_tokens"),
-                           draw_logprob_start(d, P, len(tokens)))
+                           draw_logprob_start(d, P, len(tokens)), draw_priority(c, d))
+
+
+PRIORITIES = (0, 0, 5, 15, 30, 30)
+"""Priority scheduling's priorities, against the default preemption threshold (10):
+equal ones (the queue entry breaks ties), differences of 5 and exactly 10 (no
+preemption) and of 15, 25 and 30 (preemption)."""
+
+
+def draw_priority(c: Ctx, d: Drawer) -> int:
+    """A request's priority under `config.enable_priority_scheduling`; 0 (nothing drawn)
+    without it."""
+    if not c.cfg.enable_priority_scheduling:
+        return 0
+    return d.choice(PRIORITIES, "priority")
 
 
 def draw_logprob_start(d: Drawer, P: int, prompt_len: int):
@@ -581,11 +623,18 @@ def _free_tail_frees(state, op) -> bool:
     return len(free_kv_aligned_pages(prefix, slot.allocated, state.cfg.page_size)) > 0
 
 
+def _preempts(state, op) -> bool:
+    """A prefill round under priority scheduling preempts a running request."""
+    from kvcheck.spec.model import preempted_by
+    return bool(preempted_by(state, op))
+
+
 PATHS: dict[str, Callable] = {
     "retract-retry": _retry,
     "retract-retry from the session slot": _retry_from_slot,
     "slot restore clamped to the key": _restore_clamps,
     "_free_tail frees": _free_tail_frees,
+    "preemption": _preempts,
 }
 """Paths through the model that one operation name does not show, each a predicate on
 (spec state before, operation); `check` fails when its differential run misses one."""

@@ -89,8 +89,7 @@ def step_features(sh: str, op: O.Op, outcome: str, paths, prev: str) -> list:
     configuration's shape, after the previous step's, and with its arguments' classes
     (not the ids); each named PATH (retract-retry, _free_tail frees, ...) it took."""
     here = f"{op.name}:{outcome}"
-    args = ",".join(_bucket(getattr(op, f.name)) for f in dataclasses.fields(op)
-                    if f.name not in ("rid", "sid", "token"))
+    args = ",".join(_bucket(v) for f, v in op.args() if f not in ("rid", "sid", "token"))
     return [here, f"{sh}|{here}", f"{prev}>{here}", f"{sh}|{here}({args})",
             *(f"path:{p}" for p in paths), *(f"{sh}|path:{p}" for p in paths)]
 
@@ -166,7 +165,7 @@ def _bump(v: int, lo: int, hi: int, rng: random.Random) -> int:
 def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
     """One field of `op` changed: a count nudged, a token or the prompt's length
     changed, a flag flipped, or the request/session id of another operation."""
-    f = rng.choice([x.name for x in dataclasses.fields(op)])
+    f = rng.choice([name for name, _ in op.args()])
     v = getattr(op, f)
     if isinstance(v, bool):
         new = not v
@@ -185,6 +184,8 @@ def change_argument(op: O.Op, ids: list, rng: random.Random) -> O.Op:
         new = rng.choice((None, -1, rng.randint(0, len(op.tokens))))
     elif f in ("rid", "sid") and ids:
         new = rng.choice(ids)
+    elif f == "priority":
+        new = v + rng.choice((-1, 1))
     elif f in ("drafts", "accepted"):
         new = _bump(v, 0 if f == "accepted" else 1, 3, rng)
     else:
@@ -282,7 +283,8 @@ def plan_traits(plan) -> list:
 
 TRAIT_FIELDS = ("page_size", "num_rows", "chunk_size", "spec_enabled", "overlap", "era",
                 "need_sort", "debug_mode", "mamba_extra_buffer", "prefill_aware_swa",
-                "disable_radix_cache", "swa_eviction_interval", "evict_shortfall")
+                "disable_radix_cache", "swa_eviction_interval", "evict_shortfall",
+                "enable_priority_scheduling", "filter_before_prefill")
 
 
 class Guided:

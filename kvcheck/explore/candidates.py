@@ -45,11 +45,11 @@ def _build_ops(sc: Scope, key: tuple) -> tuple:
     if kind == "close":
         return (O.CloseSession(key[1]),)
     if kind == "turn":
-        return tuple(O.SubmitTurn(key[1], key[2], tuple(toks), mn)
-                     for toks in sc.turns for mn in sc.max_new)
+        return tuple(O.SubmitTurn(key[1], key[2], tuple(toks), mn, priority=pr)
+                     for toks in sc.turns for mn in sc.max_new for pr in sc.priorities)
     if kind == "plain":
-        return tuple(O.SubmitRequest(key[1], tuple(toks), mn)
-                     for toks in sc.prompts for mn in sc.max_new)
+        return tuple(O.SubmitRequest(key[1], tuple(toks), mn, priority=pr)
+                     for toks in sc.prompts for mn in sc.max_new for pr in sc.priorities)
     if kind == "evict":
         return tuple(O.Evict(n) for n in sc.evict)
     if kind == "prefill_round":       # key[1]: the chunked request (or None), key[2]: waiting

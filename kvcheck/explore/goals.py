@@ -188,6 +188,30 @@ def _round_chunk_beside_new(cfg, b, op, out, a):
         and len(_admitted(b, op, a)) >= 1
 
 
+def _preempted(b: State, op, a: State) -> list:
+    """The running requests a prefill round (or `schedule`) preempted."""
+    if not isinstance(op, (O.Schedule, O.ScheduleRound)):
+        return []
+    return [r for r, x in dict.items(b.reqs) if x.phase == "decode"
+            and r in a.reqs and dict.__getitem__(a.reqs, r).phase == "queued"]
+
+
+def _preemption(cfg, b, op, out, a):
+    return bool(_preempted(b, op, a))
+
+
+def _preemption_admits(cfg, b, op, out, a):
+    """A preemption after which the request it was for is admitted."""
+    return bool(_preempted(b, op, a)) and any(
+        r in a.reqs and dict.__getitem__(a.reqs, r).phase != "queued" or r not in a.reqs
+        for r in O.acting_rids(op) if dict.__getitem__(b.reqs, r).phase == "queued")
+
+
+def _preemption_beside_finished(cfg, b, op, out, a):
+    """A preemption while a finished request is still in the running batch."""
+    return bool(b.unfiltered) and bool(_preempted(b, op, a))
+
+
 def _decode_round_retracts(cfg, b, op, out, a):
     return isinstance(op, O.DecodeRound) and \
         any(r not in a.reqs or a.reqs[r].phase == "queued" for r in op.rids)
@@ -206,6 +230,19 @@ ROUND_SITUATIONS: tuple = (
               _decode_round_retracts),
 )
 """Interleavings only a round produces (goals of a scope with `rounds`)."""
+
+PRIORITY_SITUATIONS: tuple = (
+    Situation("preemption", "a prefill round preempts a running request", _preemption,
+              lambda c: c.enable_priority_scheduling, "no priority scheduling"),
+    Situation("preemption_admits", "the request a preemption was for is admitted",
+              _preemption_admits, lambda c: c.enable_priority_scheduling,
+              "no priority scheduling"),
+    Situation("preemption_beside_finished", "a preemption while a finished request is still "
+              "in the running batch (the two-phase finish)", _preemption_beside_finished,
+              lambda c: c.enable_priority_scheduling and not c.filter_before_prefill,
+              "no priority scheduling, or the batch filtered before each round"),
+)
+"""Priority scheduling's preemption (goals of a scope with it)."""
 ROUND_OPS = frozenset({O.ScheduleRound.name, O.DecodeRound.name})
 
 
@@ -251,7 +288,7 @@ SITUATIONS: tuple = (
               "finish)", _spec_overshoot, lambda c: c.spec_enabled, "spec off"),
     Situation("shared_lock", "a tree node locked by two holders", _shared_lock),
     Situation("slot_lends_row", "a later turn admitted on its slot's row", _slot_lends_row),
-) + HYBRID_SITUATIONS + ROUND_SITUATIONS
+) + HYBRID_SITUATIONS + ROUND_SITUATIONS + PRIORITY_SITUATIONS
 
 
 def _op_applies(name: str, sc: Scope) -> Optional[str]:

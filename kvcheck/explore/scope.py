@@ -20,6 +20,7 @@ class Scope:
     prompts: tuple = ((2, 3),)        # plain request prompts
     turns: tuple = ((2,),)            # new_tokens of a session turn
     max_new: tuple = (1, 2)           # max_new_tokens choices
+    priorities: tuple = (0,)          # priority choices of a new request (priority scheduling)
     decode_tokens: tuple = (1,)       # Decode / SpecDecode token choices
     evict: tuple = ()                 # Evict(num_tokens) choices (() = no evict op)
     reject: bool = True               # also try Schedule(admit=False)
@@ -44,6 +45,7 @@ class Scope:
                 f"turns={_fmt_words(self.turns)} max_new={list(self.max_new)} "
                 f"decode_tokens={list(self.decode_tokens)} evict={list(self.evict)} "
                 f"reject={self.reject}{' rounds' if self.rounds else ''} "
+                f"{f'priorities={list(self.priorities)} ' if self.priorities != (0,) else ''}"
                 f"depth<={self.max_depth}")
 
 

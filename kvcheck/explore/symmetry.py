@@ -38,7 +38,9 @@ def req_sig(r) -> tuple:
     return (r.streaming, r.rejected, r.origin, tuple(r.output), r.max_new_tokens, r.phase,
             r.row is None, r.committed, r.allocated, r.protected, anc, r.locked, r.to_finish,
             r.finished_reason, r.finished_len, r.committed_freed, r.overallocated_freed,
-            r.is_retracted, r.extend_end, r.logprob_start)
+            r.is_retracted, r.extend_end, r.logprob_start,
+            # priority scheduling: preemption reads these before any match
+            (r.priority, r.entered, len(r.fill), r.prefix_len) if r.entered else None)
 
 
 def state_key(s: State, symmetric: bool = True) -> tuple:
@@ -57,7 +59,8 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
     Left out, as dead data no step reads before writing it: row entries at or past a
     holder's allocated length and the entries of free rows (a row is rewritten when it is
     handed out); `req.prefix_pages` and `req.prefix_len` (written by the match of the
-    same `schedule` that reads them); a request's radix `last_node` when it holds no lock
+    same `schedule` that reads them; under priority scheduling preemption reads the last
+    match's length and the fill's before the match, and they are kept); a request's radix `last_node` when it holds no lock
     through it (a rejected admission: the next schedule matches again; only "is it None"
     is read, by the pre_abort guard); `next_node_id` and the global tick.
 
@@ -188,6 +191,8 @@ def state_key(s: State, symmetric: bool = True) -> tuple:
         free_rows = tuple(s.free_rows)
     key = (node_key, tuple(req_key), tuple(slot_key), sess_key, tuple(row_keys), content_key,
            free_key, free_rows, s.evictable_size, s.protected_size)
+    if s.cfg.enable_priority_scheduling:
+        return key + (s.unfiltered,)
     return key + (_hybrid_key(s, pages, rid_l, sid_l),) if s.cfg.hybrid else key
 
 
