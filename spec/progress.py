@@ -174,6 +174,27 @@ def _refused_alone(s: State, rid: int) -> bool:
         return False
 
 
+def drained(s: State) -> tuple[Optional[Violation], int]:
+    """The drain from s on the spec alone (the explorer's progress check, `Scope.progress`):
+    (P1's violation or None, the drain operations applied). A drain operation the spec
+    refuses or that reaches an upstream assertion ends it unjudged (the explorer finds
+    those through the operations themselves)."""
+    from kvcheck.spec.model import step
+    bound, steps, last, stalled = drain_bound(s), 0, None, 0
+    while not idle(s) and steps < bound:
+        op = drain_op(s, last, stalled)
+        if op is None:
+            break
+        key = progress_key(s)
+        try:
+            s, _ = step(s, op)
+        except (ModelError, ValueError):
+            return None, steps
+        steps += 1
+        last, stalled = op, (stalled + 1 if progress_key(s) == key else 0)
+    return (None if idle(s) else not_drained(s, steps, bound)), steps
+
+
 def not_drained(s: State, steps: int, bound: int) -> Violation:
     """P1 on a state the drain did not bring to idle: the request that holds the others up
     (the chunked request, else the head of the queue, else the first running one: its

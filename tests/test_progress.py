@@ -108,3 +108,32 @@ def test_the_U8_round_is_caught_with_its_fault_planted():
     with faults.planted("round_stub_nukes_slot"):
         f = run_ops(cfg, ops, ImplBackend(cfg)).failure
     assert f is not None and f.step == 3 and f.side == "impl"
+
+
+def test_the_explorer_checks_progress_from_every_state_and_writes_a_replayable_trace(
+        monkeypatch):
+    """`Scope.progress`: every new state must drain to idle on the spec alone. With the
+    drain made to leave the chunked request behind (and no rescue), the explorer reports
+    P1 at the shortest depth, and its trace replays (with `drain`) to the same P1."""
+    from kvcheck.explore import explore, preset_scope
+    from kvcheck.explore.search import to_trace
+    from kvcheck.replay import run_replay
+    from kvcheck.spec import progress as PG
+    sc = replace(preset_scope("check", "check-progress"), max_depth=5)
+    assert not explore(sc).violations
+    original = PG._prefill_ops
+
+    def leave_the_chunked_behind(s, waiting):
+        return (op for op in original(s, waiting)
+                if s.reqs[op.rids[0] if isinstance(op, O.ScheduleRound) else op.rid].phase
+                != "prefill")
+    monkeypatch.setattr(PG, "_prefill_ops", leave_the_chunked_behind)
+    monkeypatch.setattr(PG, "_unblock", lambda s, reqs, waiting, decoding: None)
+    res = explore(sc)
+    (v,) = res.violations
+    assert v.id == "P1" and "prefill" in v.message
+    trace = to_trace(res, v)
+    assert trace.config.drain and trace.expect.invariant == "P1"
+    again = run_replay(trace, "spec")
+    assert again.failure is not None and again.failure.id == "P1"
+    assert again.failure.step == trace.expect.step

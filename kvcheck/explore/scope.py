@@ -26,6 +26,8 @@ class Scope:
     reject: bool = True               # also try Schedule(admit=False)
     rounds: bool = False              # also schedule_round / decode_round over every order
                                       # of the waiting / decoding requests (2 or more)
+    progress: bool = False            # every new state must drain to idle (P1, the drain
+                                      # of spec/progress.py on the spec alone)
     max_depth: int = 12
     name: str = "custom"
     out_of_reach: tuple = ()          # situation ids the scope cannot reach, by design
@@ -44,7 +46,8 @@ class Scope:
                 f"max_live={self.max_live} prompts={_fmt_words(self.prompts)} "
                 f"turns={_fmt_words(self.turns)} max_new={list(self.max_new)} "
                 f"decode_tokens={list(self.decode_tokens)} evict={list(self.evict)} "
-                f"reject={self.reject}{' rounds' if self.rounds else ''} "
+                f"reject={self.reject}{' rounds' if self.rounds else ''}"
+                f"{' progress' if self.progress else ''} "
                 f"{f'priorities={list(self.priorities)} ' if self.priorities != (0,) else ''}"
                 f"depth<={self.max_depth}")
 

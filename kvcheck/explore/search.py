@@ -18,7 +18,8 @@ from kvcheck.spec import ops as O
 from kvcheck.fast_invariants import applies as applies_fast
 from kvcheck.fast_invariants import state_clean
 from kvcheck.spec.invariants import STATE_INVARIANTS, STEP_INVARIANTS, check_state, check_step
-from kvcheck.spec.state import State
+from kvcheck.spec.progress import P1, drained
+from kvcheck.spec.state import State, initial_state
 from kvcheck.spec.view import abstract
 from kvcheck.explore.candidates import candidate_ops
 from kvcheck.explore.goals import SITUATIONS, _op_applies, situation_applies
@@ -327,6 +328,8 @@ class Expander:
                     vs_step = _found(check_step(a, op, out, a2, cfg))
                 if new and not (fast and state_clean(s2)):
                     vs_state = _found(check_state(a2 or abstract(s2), cfg))
+                if new and sc.progress and not vs_state:
+                    vs_state = _found([v for v in drained(s2)[:1] if v is not None])
             if not new and not vs_step:
                 continue
             notes.append((pos, op, key, new, vs_state, vs_step, None))
@@ -623,9 +626,17 @@ def missed(res: Result) -> list:
 
 
 def to_trace(res: Result, v: Found):
+    """A violation's trace; P1's runs the drain after its operations and fails once the
+    drain has run its course (`Lockstep.drain`)."""
+    from dataclasses import replace
     from kvcheck.trace import Expect, Trace
-    return Trace(res.scope.cfg, list(v.ops),
-                 Expect("violation", v.id, v.depth - 1, "spec"),
+    cfg, step = res.scope.cfg, v.depth - 1
+    if v.id == P1[0]:
+        s = initial_state(cfg)
+        for op in v.ops:
+            s, _ = M.step(s, op)
+        cfg, step = replace(cfg, drain=True), len(v.ops) + drained(s)[1]
+    return Trace(cfg, list(v.ops), Expect("violation", v.id, step, "spec"),
                  {"source": "explore", "scope": res.scope.name,
                   "symmetry": res.symmetric, "message": v.message,
                   "states": res.states, "shortest": True})
