@@ -100,7 +100,7 @@ def load_corpus(paths) -> list:
 
 CHECK_SEED = 0
 """The differential part's campaign seed (fixed: `make check` is reproducible)."""
-MIN_EXAMPLES = {"walk": 60, "guided": 60, "hypothesis": 64}
+MIN_EXAMPLES = {"walk": 20, "guided": 60, "hypothesis": 32}
 """The fewest sequences with which each engine's run from CHECK_SEED reaches every
 operation and path the differential part requires (tests/test_check_budget.py checks
 it): `check --examples` below it is a usage error, not a finding."""

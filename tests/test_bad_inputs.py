@@ -103,8 +103,8 @@ ARG_CASES = [
     # conflicting flags, and counts too small to mean anything
     (["explore", "--compare", "--no-symmetry"], "--compare runs with and without symmetry reduction"),
     (["explore", "--no-symmetry", "--compare", "--preset", "tiny"], "--no-symmetry contradicts it"),
-    (["check", "--examples", "1"], "--examples 1: the differential part needs at least 60 sequences"),
-    (["check", "--examples", "59"], "--examples 59"),
+    (["check", "--examples", "1"], "--examples 1: the differential part needs at least 20 sequences"),
+    (["check", "--examples", "19"], "--examples 19"),
     (["check", "--engine", "guided", "--examples", "59"], "at least 60 sequences of the guided engine"),
     (["check", "--engine", "hypothesis", "--examples", "4"], "of the hypothesis engine"),
     (["check", "--engine", "nope"], "--engine: invalid choice"),

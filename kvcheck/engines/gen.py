@@ -623,18 +623,11 @@ def _free_tail_frees(state, op) -> bool:
     return len(free_kv_aligned_pages(prefix, slot.allocated, state.cfg.page_size)) > 0
 
 
-def _preempts(state, op) -> bool:
-    """A prefill round under priority scheduling preempts a running request."""
-    from kvcheck.spec.model import preempted_by
-    return bool(preempted_by(state, op))
-
-
 PATHS: dict[str, Callable] = {
     "retract-retry": _retry,
     "retract-retry from the session slot": _retry_from_slot,
     "slot restore clamped to the key": _restore_clamps,
     "_free_tail frees": _free_tail_frees,
-    "preemption": _preempts,
 }
 """Paths through the model that one operation name does not show, each a predicate on
 (spec state before, operation); `check` fails when its differential run misses one."""
