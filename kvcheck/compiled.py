@@ -29,7 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "build" / "cython"
 MANIFEST = BUILD / "manifest.json"
-MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
+MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/allocator.py", "kvcheck/spec/radix_cache.py",
+           "kvcheck/spec/caching.py", "kvcheck/spec/token_arrays.py", "kvcheck/spec/sessions.py",
+           "kvcheck/spec/finish.py", "kvcheck/spec/forward.py", "kvcheck/spec/admission.py",
+           "kvcheck/spec/guards.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
            "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
            "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
            "kvcheck/explore/goals.py", "kvcheck/explore/search.py")

@@ -3,9 +3,10 @@
 `config.era`).
 
 Each function is one upstream rule (docs/semantics.md, "Hybrid models", cites them);
-spec/model.py calls them from short hooks. With `config.swa_window == 0` and
-`config.mamba_slots == 0` every function is a no-op, so a non-hybrid run is unchanged.
-Like model.py's helpers, the mutating ones act on the clone `step` made.
+the step's modules (spec/model.py and those it builds on) call them from short hooks.
+With `config.swa_window == 0` and `config.mamba_slots == 0` every function is a no-op, so
+a non-hybrid run is unchanged.
+Like the step's helpers, the mutating ones act on the clone `step` made.
 
 SWA (`SWATokenToKVPoolAllocator`): every full page the allocator hands out gets an SWA
 page (`full_to_swa_index_mapping`, 0 = none); `free` releases both; `free_swa` (the

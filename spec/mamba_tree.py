@@ -57,7 +57,7 @@ mamba_radix_cache.py` of the 0.5.15 wheel, under the `StreamingSession` wrapper)
 - chunked prefill is modelled (0.5.15 only): a plain request's chunk checkpoints like a
   prefill (`cache_unfinished_req(chunked=True)`), guarded by `chunk_refusal`.
 
-The functions here act on nodes and the Mamba pool only; spec/model.py calls them.
+The functions here act on nodes and the Mamba pool only; the step's modules call them.
 """
 from __future__ import annotations
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 from typing import Optional
 
 from kvcheck.spec import hybrid, mamba_tree, ops as O
-from kvcheck.spec.model import (ModelError, _add_one_req, _Budget, available_size, enabled,
-                                retraction_order)
+from kvcheck.spec.admission import _add_one_req, _Budget
+from kvcheck.spec.allocator import available_size
+from kvcheck.spec.finish import retraction_order
+from kvcheck.spec.guards import enabled
 from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.state import State
-from kvcheck.spec.violations import Violation
+from kvcheck.spec.violations import ModelError, Violation
 
 P1 = ("P1", "drains to idle")
 PROGRESS_IDS = dict((P1,))

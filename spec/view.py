@@ -6,7 +6,7 @@ from kvcheck.spec.abstract import (AbstractState, NodeView, ReqView, SessionView
 from kvcheck.spec.hybrid import mamba_refs
 from kvcheck.spec.pages import ceil_div
 from kvcheck.spec.state import ROOT, State
-from kvcheck.spec.model import evictable_leaves, node_path
+from kvcheck.spec.radix_cache import evictable_leaves, node_path
 
 
 def anchor_view(s: State, anchor, locked: bool = True):

@@ -21,7 +21,10 @@ from kvcheck.engines.gen import Stats
 from kvcheck.engines.walk import walk
 from kvcheck.fuzz import fuzz
 from kvcheck.spec import ops as O
+from kvcheck.spec.allocator import _free_pages
 from kvcheck.spec.config import Config
+
+from spec_patch import plant
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +49,7 @@ def _free_pages_twice(real):
 
 
 def test_a_planted_spec_defect_under_accept_fails_as_without_it(monkeypatch):
-    monkeypatch.setattr(M, "_free_pages", _free_pages_twice(M._free_pages))
+    plant(monkeypatch, "_free_pages", _free_pages_twice(_free_pages))
     plain = run_ops(Config(), PLAIN_THEN_EVICT)
     assert plain.failure is not None and plain.failure.side == "spec"
     res = run_ops(Config(accept=("U1", "U2")), PLAIN_THEN_EVICT)
@@ -59,7 +62,7 @@ def test_a_planted_spec_defect_under_accept_fails_as_without_it(monkeypatch):
 def test_a_planted_upstream_assertion_under_accept_is_m1(monkeypatch):
     def evict(s, n):
         raise M.ModelError("planted: evict reaches an assertion")
-    monkeypatch.setattr(M, "evict", evict)
+    plant(monkeypatch, "evict", evict)
     res = run_ops(Config(accept=("U1", "U2")), PLAIN_THEN_EVICT)
     assert res.failure is not None and (res.failure.id, res.failure.step) == (SPEC_ASSERTION, 4)
 
@@ -354,7 +357,7 @@ def test_a_spec_assertion_the_release_does_not_raise_is_said_so(spec_alone, monk
     word of the spec's message as a missing invariant)."""
     def close(s, sid):
         raise M.ModelError("planted: close reaches an assertion")
-    monkeypatch.setattr(M, "_close_session", close)
+    plant(monkeypatch, "_close_session", close)
     res = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1, idle_from=4), backend_name="upstream")
     b = res.beyond
     assert res.ok and (b.step, b.reason) == (4, "ModelError") and b.release_differs, b

@@ -16,29 +16,33 @@ from kvcheck.explore import search
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
 from kvcheck.spec import model as M
+from kvcheck.spec.allocator import _free_pages
 from kvcheck.spec.invariants import check_step
 from kvcheck.spec.pages import row_pages
+from kvcheck.spec.sessions import _free_tail, find_active_slot
 from kvcheck.spec.view import abstract
+
+from spec_patch import plant
 
 TINY = E.PRESETS["tiny"][0]
 
 
 # ---------------------------------------------------------------------------
-# planted defects: buggy variants of kvcheck.spec.model functions
+# planted defects: buggy variants of the spec's functions (planted by `spec_patch.plant`)
 # ---------------------------------------------------------------------------
 
 def _free_tail_unaligned(s, slot, req, prefix_len):
     """_free_tail freeing from prefix_len instead of ceil_align(prefix_len): the partial
     page that still holds committed KV goes back to the allocator."""
     r = s.rows[slot.row]
-    M._free_pages(s, [r[k] for k in row_pages(prefix_len, slot.allocated, s.cfg.page_size)])
+    _free_pages(s, [r[k] for k in row_pages(prefix_len, slot.allocated, s.cfg.page_size)])
     slot.allocated = prefix_len
     slot.committed = min(slot.committed, prefix_len)
     req.allocated = prefix_len
     req.committed = min(req.committed, prefix_len)
 
 
-_orig_find = M.find_active_slot
+_orig_find = find_active_slot
 
 
 def _find_popping_slot(s, req):
@@ -106,7 +110,7 @@ def test_a_goal_is_unreached_only_when_no_scope_reaches_it():
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_planted_defect_found_shortest_and_replays(defect, monkeypatch, tmp_path):
     fname, fn = DEFECTS[defect]
-    monkeypatch.setattr(M, fname, fn)
+    plant(monkeypatch, fname, fn)
     red = E.explore(TINY, symmetric=True)
     assert red.violations, f"{defect} not found"
     v = red.violations[0]
@@ -131,7 +135,7 @@ def test_reduced_and_unreduced_agree_on_all_violations(monkeypatch):
     for defect in [None] + sorted(DEFECTS):
         with monkeypatch.context() as mp:
             if defect:
-                mp.setattr(M, *DEFECTS[defect])
+                plant(mp, *DEFECTS[defect])
             a = E.explore(TINY, symmetric=True, all_violations=True)
             b = E.explore(TINY, symmetric=False, all_violations=True)
         ids = lambda r: sorted((v.id, v.depth) for v in r.violations)
@@ -143,7 +147,7 @@ def test_reduced_and_unreduced_agree_on_all_violations(monkeypatch):
             assert a.op_first == b.op_first
 
 
-_orig_free_tail = M._free_tail
+_orig_free_tail = _free_tail
 
 
 def _free_tail_shrinking_slot(s, slot, req, prefix_len):
@@ -167,7 +171,7 @@ def test_step_prefilter_is_sound(monkeypatch):
     for defect in [None] + sorted(defects):
         with monkeypatch.context() as mp:
             if defect:
-                mp.setattr(M, *defects[defect])
+                plant(mp, *defects[defect])
             sc = replace(TINY, max_depth=7)
             frontier, seen, fired = [M.initial_state(sc.cfg)], set(), 0
             for _ in range(sc.max_depth):
@@ -228,7 +232,7 @@ def test_budget_stops_cleanly_and_cli(tmp_path, capsys, monkeypatch):
     assert "no violation" in capsys.readouterr().out
     assert EC.main(_args(preset="nope")) == 2
     assert EC.main(_args(preset="tiny", page_size=3)) == 2      # ctx 16 % 3: bad config
-    monkeypatch.setattr(M, *DEFECTS["abort_req_unconditional"])
+    plant(monkeypatch, *DEFECTS["abort_req_unconditional"])
     assert EC.main(_args(preset="tiny", quiet=True, out=tmp_path)) == 1
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
@@ -332,7 +336,7 @@ def test_a_frontier_rebuilt_by_re_execution_gives_the_same_search(scope):
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_a_rebuilt_frontier_finds_the_same_violations(defect, monkeypatch):
-    monkeypatch.setattr(M, *DEFECTS[defect])
+    plant(monkeypatch, *DEFECTS[defect])
     for first_only in (True, False):
         kept = E.explore(TINY, frontier_states=None, all_violations=not first_only)
         assert kept.violations

@@ -19,8 +19,8 @@ from kvcheck import explore as E
 from kvcheck.errors import ROOT
 from kvcheck.explore.parallel import _ranges
 from kvcheck.explore.pools import explore_on
-from kvcheck.spec import model as M
 
+from spec_patch import plant
 from test_explore import DEFECTS
 
 TINY = E.PRESETS["tiny"][0]
@@ -80,7 +80,7 @@ def test_a_state_budget_stops_at_the_same_state():
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_planted_defects_give_the_same_shortest_traces(defect, monkeypatch):
-    monkeypatch.setattr(M, *DEFECTS[defect])       # the forked workers inherit it
+    plant(monkeypatch, *DEFECTS[defect])     # the forked workers inherit it
     sc = replace(E.PRESETS["bench"][0], max_depth=8)
     first = _same(sc)
     every = _same(sc, all_violations=True)

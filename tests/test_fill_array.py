@@ -15,7 +15,8 @@ from kvcheck.trace import load
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config
 from kvcheck.spec.invariants import check_state
-from kvcheck.spec.model import carried_fill, refreshed_fill, step
+from kvcheck.spec.model import step
+from kvcheck.spec.token_arrays import carried_fill, refreshed_fill
 from kvcheck.spec.state import initial_state
 from kvcheck.spec.view import abstract
 

@@ -137,13 +137,13 @@ def test_chromium_renders_the_flagged_cell_where_the_invariant_points(tmp_path, 
 def test_explore_writes_the_report_beside_each_counterexample(tmp_path, monkeypatch, capsys):
     """A spec defect (H3 unfixed: abort_req clears _inflight whoever asks) found by the
     explorer: its trace gets TRACE.html beside it, replayed on the spec."""
-    from kvcheck.spec import model as M
+    from spec_patch import plant
 
     def abort_req_unconditional(s, sid, req):
         sess = s.sessions.get(sid)
         if sess is not None:
             sess.inflight_rid = None
-    monkeypatch.setattr(M, "_abort_req", abort_req_unconditional)
+    plant(monkeypatch, "_abort_req", abort_req_unconditional)
     assert cli.main(["explore", "--preset", "tiny", "--quiet", "--out", str(tmp_path)]) == 1
     (trace,) = tmp_path.glob("*.json")
     report = trace.with_suffix(".html")

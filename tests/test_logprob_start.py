@@ -33,7 +33,7 @@ def test_a_logprob_start_caps_the_match():
 
 
 def test_the_default_start_caps_a_retried_request_at_its_prompt():
-    from kvcheck.spec.model import _key_limit
+    from kvcheck.spec.admission import _key_limit
     tr = load(TRACE)
     s = initial_state(tr.config)
     for op in tr.ops[:10]:                                  # ... retract(3)

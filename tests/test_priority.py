@@ -8,6 +8,8 @@ import pytest
 from kvcheck.checker import run_ops
 from kvcheck.spec import model as M
 from kvcheck.spec import ops as O
+from kvcheck.spec.admission import _Budget
+from kvcheck.spec.allocator import NO_ROW
 from kvcheck.spec.config import Config, ConfigError
 from kvcheck.spec.state import initial_state
 
@@ -87,7 +89,7 @@ def test_a_finished_request_stays_in_the_batch_until_the_next_decode_step():
     ops = TWO_RUNNING + [O.Finish(1)]
     s, _ = run(PRIO, ops)
     assert 1 not in s.reqs and s.unfiltered == (6,)
-    assert M._Budget(s).offset == 6 + 6          # request 2's remaining output too
+    assert _Budget(s).offset == 6 + 6          # request 2's remaining output too
     s, _ = run(PRIO, ops + [O.DecodeRound((2,))])
     assert s.unfiltered == ()
 
@@ -118,7 +120,7 @@ def test_u9_fixed_a_preempted_turn_keeps_its_row_so_the_request_waits():
 def test_u9_accepted_raises_upstreams_error():
     from dataclasses import replace
     s, _ = run(replace(ONE_ROW, accept=("U2", "U9")), TURN_RUNNING)
-    with pytest.raises(M.ModelError, match=M.NO_ROW):
+    with pytest.raises(M.ModelError, match=NO_ROW):
         M.step(s, O.Schedule(2))
 
 

@@ -13,12 +13,13 @@ from kvcheck.checker import run_ops
 from kvcheck.engines.gen import Stats
 from kvcheck.engines.walk import walk
 from kvcheck.impl import faults
-from kvcheck.spec import model as M
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config
 from kvcheck.spec.model import initial_state, step
 from kvcheck.spec.progress import drain_op, idle
 from kvcheck.trace import Expect, Trace, parse
+
+from spec_patch import plant
 
 CHUNKED = Config(page_size=2, num_pages=16, num_rows=4, chunk_size=4, drain=True)
 TWO_TURNS = [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3, 4, 5, 6, 7), 3),
@@ -43,7 +44,7 @@ def test_without_drain_the_run_stops_at_the_last_operation():
 def test_a_chunked_request_never_continued_is_P1(monkeypatch):
     """A spec whose round never takes the chunked request back (its next chunk refused
     with memory to spare): no safety invariant breaks, the drain names the request."""
-    monkeypatch.setattr(M, "_add_chunked_req", lambda s, req, budget, refused: None)
+    plant(monkeypatch, "_add_chunked_req", lambda s, req, budget, refused: None)
     r = run_ops(CHUNKED, TWO_TURNS)
     assert r.failure is not None and r.failure.id == "P1", r.failure and r.failure.render()
     v = r.failure.violations[0]
@@ -52,7 +53,7 @@ def test_a_chunked_request_never_continued_is_P1(monkeypatch):
 
 
 def test_a_P1_trace_reads_back_and_fails_the_same_way(monkeypatch):
-    monkeypatch.setattr(M, "_add_chunked_req", lambda s, req, budget, refused: None)
+    plant(monkeypatch, "_add_chunked_req", lambda s, req, budget, refused: None)
     f = run_ops(CHUNKED, TWO_TURNS).failure
     t = parse(json.loads(Trace(CHUNKED, TWO_TURNS, Expect("violation", f.id, f.step, f.side)).dumps()))
     assert t.config.drain and t.expect.step == f.step
@@ -62,7 +63,7 @@ def test_a_P1_trace_reads_back_and_fails_the_same_way(monkeypatch):
 
 def test_a_close_deferred_forever_is_P1(monkeypatch):
     """A session whose close waits for a turn that has ended (issue #27024's wedge)."""
-    monkeypatch.setattr(M, "_close_waits", lambda sess: True)
+    plant(monkeypatch, "_close_waits", lambda sess: True)
     ops = [O.OpenSession(1), O.SubmitTurn(1, 1, (1, 2, 3), 2), O.ScheduleRound((1,)),
            O.CloseSession(1)]
     r = run_ops(CHUNKED, ops)

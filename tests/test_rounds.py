@@ -9,7 +9,8 @@ import pytest
 from kvcheck import explore as X
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config
-from kvcheck.spec.model import ModelError, enabled, refusal, retraction_order, step
+from kvcheck.spec.finish import retraction_order
+from kvcheck.spec.model import ModelError, enabled, refusal, step
 from kvcheck.spec.state import initial_state
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -144,7 +144,7 @@ def test_real_swa_allocator_runs_on_the_cpu(version):
 def test_o2_runs_in_lockstep_through_the_stale_fill_to_the_double_insert(capsys):
     """O2: the adapter's shadow KV of an extend is `req.get_fill_ids()` (what
     prepare_for_extend feeds the forward) and the spec models the fill array
-    (`kvcheck.spec.model.refresh_fill`, `_carry_fill`), so turn 14's stale full_untruncated_fill_ids
+    (`kvcheck.spec.token_arrays.refresh_fill`, `_carry_fill`), so turn 14's stale full_untruncated_fill_ids
     shows on its row on both sides (I26 on req 14 at step 25, accepted under U1/U2) and
     the run agrees to there; at finish(14) (cache_finished_req keys by origin + output)
     the spec itself puts the same page under a second node, I2 as on the release, and

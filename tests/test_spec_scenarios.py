@@ -6,7 +6,9 @@ import pytest
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config
 from kvcheck.spec.invariants import check_state, check_step
-from kvcheck.spec.model import _free_tail, available_size, initial_state, step
+from kvcheck.spec.allocator import available_size
+from kvcheck.spec.model import initial_state, step
+from kvcheck.spec.sessions import _free_tail
 from kvcheck.spec.state import Req, Slot
 from kvcheck.spec.view import abstract
 from kvcheck.stateful_tests import scenarios as S

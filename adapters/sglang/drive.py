@@ -13,7 +13,7 @@ from kvcheck.adapters.sglang.release import SAMPLED_TOKEN, VOCAB, _Live
 
 class _RoundKV:
     """What the spec's admission reads beside upstream's PrefillAdder (kvcheck's glue, as
-    spec/model.py `_Budget`): the rows left and the KV tokens the admitted requests
+    spec/admission.py `_Budget`): the rows left and the KV tokens the admitted requests
     reserve (their page-ceiled new pages). Upstream's own budget (`PrefillBudget` /
     `rem_total_tokens`) also reserves each request's max_new_tokens and a page, and the
     running batch's remaining output; the spec does not (adapters/sglang/README.md)."""
@@ -247,7 +247,7 @@ class Drive:
         return L, prefix, end, input_len
 
     def _admits(self, L, kv, prefix: int, end: int, waiting: bool) -> bool:
-        """The spec's admission test (spec/model.py `_add_one_req`, kvcheck's glue in place
+        """The spec's admission test (spec/admission.py `_add_one_req`, kvcheck's glue in place
         of `PrefillBudget.check_prefill` / `rem_total_tokens`): a row, the Mamba slots, the
         round's new pages against available + evictable, the SWA budget."""
         req = L.req
