@@ -32,8 +32,8 @@ MANIFEST = BUILD / "manifest.json"
 MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/allocator.py", "kvcheck/spec/radix_cache.py",
            "kvcheck/spec/caching.py", "kvcheck/spec/token_arrays.py", "kvcheck/spec/sessions.py",
            "kvcheck/spec/finish.py", "kvcheck/spec/forward.py", "kvcheck/spec/admission.py",
-           "kvcheck/spec/guards.py", "kvcheck/spec/model.py", "kvcheck/spec/abstract.py",
-           "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
+           "kvcheck/spec/guards.py", "kvcheck/spec/actions.py", "kvcheck/spec/model.py",
+           "kvcheck/spec/abstract.py", "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
            "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
            "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/

@@ -23,7 +23,7 @@ from kvcheck.spec import hybrid, mamba_tree, ops as O
 from kvcheck.spec.admission import _add_one_req, _Budget
 from kvcheck.spec.allocator import available_size
 from kvcheck.spec.finish import retraction_order
-from kvcheck.spec.guards import enabled
+from kvcheck.spec.actions import enabled
 from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.state import State
 from kvcheck.spec.violations import ModelError, Violation

@@ -16,6 +16,7 @@ from typing import Callable, Optional, Protocol, Sequence
 
 from kvcheck.checker import RELEASE_SAME, differ_kind
 from kvcheck.spec import ops as O
+from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.config import Config
 from kvcheck.spec.pages import ceil_align, free_kv_aligned_pages, restore_prefix_len
 
@@ -302,7 +303,10 @@ class Ctx:
         return len(self.state.reqs) < MAX_LIVE_REQS
 
 
-def _pick(phases):
+def _pick(name: str):
+    """A live request for operation `name`: one in the phases its action acts on."""
+    phases = ACTIONS[name].acts_on
+
     def pick(c: Ctx, d: Drawer):
         rids = c.rids(*phases)
         return d.choice(rids, "rid") if rids else None
@@ -374,8 +378,9 @@ def draw_logprob_start(d: Drawer, P: int, prompt_len: int):
     return draw_length(d, P, 0, prompt_len, "logprob_start_len") if kind == "start" else kind
 
 
-def _rid_op(cls, *phases):
-    pick = _pick(phases)
+def _rid_op(name: str):
+    """Operation `name` on a live request its action acts on (no other argument)."""
+    cls, pick = ACTIONS[name].op, _pick(name)
 
     def make(c: Ctx, d: Drawer):
         rid = pick(c, d)
@@ -383,10 +388,10 @@ def _rid_op(cls, *phases):
     return make
 
 
-def _abort_op(cls, *phases):
-    """A client abort: of a live request in `phases`, or sometimes of a rid that is not
-    live (`abort_request` finds nothing: refused)."""
-    live = _rid_op(cls, *phases)
+def _abort_op(name: str):
+    """A client abort: of a live request its action acts on, or sometimes of a rid that is
+    not live (`abort_request` finds nothing: refused)."""
+    cls, live = ACTIONS[name].op, _rid_op(name)
 
     def make(c: Ctx, d: Drawer):
         return cls(c.fresh()) if _refused(d, "abort_gone") else live(c, d)
@@ -394,7 +399,7 @@ def _abort_op(cls, *phases):
 
 
 def _schedule(c: Ctx, d: Drawer):
-    rid = _pick(("queued",))(c, d)
+    rid = _pick("schedule")(c, d)
     return None if rid is None else O.Schedule(rid, d.choice((True, True, True, False), "admit"))
 
 
@@ -435,14 +440,14 @@ def _decode_round(c: Ctx, d: Drawer):
 
 
 def _decode(c: Ctx, d: Drawer):
-    rid = _pick(("decode",))(c, d)
+    rid = _pick("decode")(c, d)
     if rid is None or c.cfg.spec_enabled:
         return None
     return O.Decode(rid, d.integer(*TOKEN_RANGE, "token"))
 
 
 def _spec_decode(c: Ctx, d: Drawer):
-    rid = _pick(("decode",))(c, d)
+    rid = _pick("spec_decode")(c, d)
     if rid is None or not c.cfg.spec_enabled:
         return None
     drafts = d.integer(1, c.cfg.max_drafts, "drafts")
@@ -467,22 +472,27 @@ ARGS: dict[str, Callable[[Ctx, Drawer], Optional[O.Op]]] = {
     "submit_turn": _submit_turn,
     "submit_request": _submit_request,
     "schedule": _schedule,
-    "prefill_chunk": _rid_op(O.PrefillChunk, "prefill"),
+    "prefill_chunk": _rid_op("prefill_chunk"),
     "decode": _decode,
     "spec_decode": _spec_decode,
-    "finish": _rid_op(O.Finish, "decode"),
-    "abort_queued": _abort_op(O.AbortQueued, "queued"),
-    "queue_reject": _rid_op(O.QueueReject, "queued"),
-    "pre_abort": _abort_op(O.PreAbort, "queued"),
-    "abort_running": _abort_op(O.AbortRunning, "prefill", "decode"),
-    "retract": _rid_op(O.Retract, "decode"),
+    "finish": _rid_op("finish"),
+    "abort_queued": _abort_op("abort_queued"),
+    "queue_reject": _rid_op("queue_reject"),
+    "pre_abort": _abort_op("pre_abort"),
+    "abort_running": _abort_op("abort_running"),
+    "retract": _rid_op("retract"),
     "close_session": _close_session,
     "evict": _evict,
     "schedule_round": _schedule_round,
     "decode_round": _decode_round,
 }
 """op name -> draw(ctx, drawer) -> an op with its arguments, or None when the state has
-no object to act on. A new operation in kvcheck.spec.ops needs one entry here."""
+no object to act on: one entry per action of kvcheck.spec.actions.ACTIONS (a request is
+picked among its `acts_on` phases). The walk draws its swarm in this order: a new entry
+goes last, so the other draws stay as they were."""
+assert set(ARGS) == set(ACTIONS), (
+    f"gen.ARGS needs one drawer per action: missing {sorted(set(ACTIONS) - set(ARGS))}, "
+    f"unknown {sorted(set(ARGS) - set(ACTIONS))}")
 
 
 # -- what a run counts -------------------------------------------------------------------

@@ -21,6 +21,7 @@ from kvcheck.checker import Failure, Lockstep
 from kvcheck.engines import profiles  # noqa: F401  (registers the settings profiles)
 from kvcheck.engines.gen import (ARGS, MAX_LIVE_REQS, MAX_SESSIONS, Ctx, HypothesisDrawer,
                                  Stats, draw_config, paths_of)
+from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
 
 LAST_FAILURE: dict = {}
@@ -49,6 +50,18 @@ def _op_rule(name: str, guard, one_in: int = 1):
             self.draw_and_apply(name, data)
     op_rule.__name__ = name
     return op_rule
+
+
+def _rid_rule(name: str, one_in: int = 1, spec_enabled=None):
+    """The rule for operation `name`, which acts on a live request: while one is in a
+    phase its action acts on (`ACTIONS[name].acts_on`) and, where given, the config's
+    `spec_enabled` is that (decode or spec_decode steps)."""
+    phases = ACTIONS[name].acts_on
+    assert phases, f"{name} acts on no live request"
+    if spec_enabled is None:
+        return _op_rule(name, lambda self: self.has(*phases), one_in)
+    return _op_rule(name, lambda self: (self.has(*phases)
+                                        and bool(self.cfg.spec_enabled) == spec_enabled), one_in)
 
 
 class KVMachine(RuleBasedStateMachine):
@@ -138,7 +151,8 @@ class KVMachine(RuleBasedStateMachine):
         sequences get deep enough for multi-turn sessions, retracts and spec steps."""
         return data.draw(st.integers(0, one_in - 1), label="go") == 0
 
-    # -- rules: one per operation (arguments: kvcheck.engines.gen.ARGS) -------------
+    # -- rules: one per operation (arguments: kvcheck.engines.gen.ARGS; an operation on a
+    # live request runs while one is in a phase it acts on, kvcheck.spec.actions) -------
     @precondition(lambda self: self.s is not None and len(self.s.sessions) < MAX_SESSIONS)
     @rule(data=st.data())
     def open_first_session(self, data):
@@ -156,19 +170,19 @@ class KVMachine(RuleBasedStateMachine):
                             and len(self.s.sessions) < MAX_SESSIONS, one_in=6)
     submit_request = _op_rule("submit_request", lambda self: self.s is not None
                               and len(self.s.reqs) < MAX_LIVE_REQS, one_in=5)
-    schedule = _op_rule("schedule", lambda self: self.has("queued"))
+    schedule = _rid_rule("schedule")
     schedule_round = _op_rule("schedule_round", lambda self: self.has("queued", "prefill"))
     decode_round = _op_rule("decode_round", lambda self: self.has("decode")
                             and not self.cfg.spec_enabled and not self.cfg.hybrid)
-    prefill_chunk = _op_rule("prefill_chunk", lambda self: self.has("prefill"))
-    decode = _op_rule("decode", lambda self: self.has("decode") and not self.cfg.spec_enabled)
-    spec_decode = _op_rule("spec_decode", lambda self: self.has("decode") and self.cfg.spec_enabled)
-    finish = _op_rule("finish", lambda self: self.has("decode"))
-    abort_queued = _op_rule("abort_queued", lambda self: self.has("queued"), one_in=5)
-    queue_reject = _op_rule("queue_reject", lambda self: self.has("queued"), one_in=5)
-    pre_abort = _op_rule("pre_abort", lambda self: self.has("queued"), one_in=5)
-    abort_running = _op_rule("abort_running", lambda self: self.has("prefill", "decode"), one_in=3)
-    retract = _op_rule("retract", lambda self: self.has("decode"))
+    prefill_chunk = _rid_rule("prefill_chunk")
+    decode = _rid_rule("decode", spec_enabled=False)
+    spec_decode = _rid_rule("spec_decode", spec_enabled=True)
+    finish = _rid_rule("finish")
+    abort_queued = _rid_rule("abort_queued", one_in=5)
+    queue_reject = _rid_rule("queue_reject", one_in=5)
+    pre_abort = _rid_rule("pre_abort", one_in=5)
+    abort_running = _rid_rule("abort_running", one_in=3)
+    retract = _rid_rule("retract")
     close_session = _op_rule("close_session", lambda self: self.s is not None and self.s.sessions,
                              one_in=6)
     evict = _op_rule("evict", lambda self: self.s is not None and self.s.evictable_size > 0,
@@ -179,6 +193,12 @@ class KVMachine(RuleBasedStateMachine):
         # evaluated in apply() after every step on both sides; this hook only guards
         # against a run that never set up.
         assert self.s is None or self.cfg is not None
+
+
+for _name, _action in ACTIONS.items():     # an operation on a live request with no rule above
+    if _action.acts_on and _name not in vars(KVMachine):   # runs while one is in its phases
+        setattr(KVMachine, _name, _rid_rule(_name))
+assert all(n in vars(KVMachine) for n in ACTIONS), "KVMachine needs a rule per operation"
 
 
 def make_machine(backend_factory=None, name: str = "impl", config_strategy=None, skip=None):

@@ -2,10 +2,12 @@
 filtered by the spec's own guard (`kvcheck.spec.model.enabled`)."""
 from __future__ import annotations
 
+import functools
 import itertools
 
 from kvcheck.spec import model as M
 from kvcheck.spec import ops as O
+from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.state import State
 from kvcheck.explore.scope import Scope
 
@@ -57,18 +59,50 @@ def _build_ops(sc: Scope, key: tuple) -> tuple:
         return tuple(O.ScheduleRound(head + order) for order in itertools.permutations(key[2]))
     if kind == "decode_round":
         return tuple(O.DecodeRound(order) for order in itertools.permutations(key[1]))
-    rid, cfg = key[1], sc.cfg
-    cands = [O.Schedule(rid, True)]
-    if sc.reject:
-        cands.append(O.Schedule(rid, False))
-    cands += [O.PrefillChunk(rid), O.Finish(rid), O.AbortQueued(rid), O.PreAbort(rid),
-              O.AbortRunning(rid), O.Retract(rid), O.QueueReject(rid)]
-    if cfg.spec_enabled:
-        cands += [O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
-                  for a in range(d + 1) for t in sc.decode_tokens]
-    else:
-        cands += [O.Decode(rid, t) for t in sc.decode_tokens]
-    return tuple(cands)
+    rid = key[1]
+    return tuple(op for name in _REQ_OPS for op in _REQ_ARGS[name](sc, rid))
+
+
+def _schedule_args(sc: Scope, rid: int) -> tuple:
+    admits = (True, False) if sc.reject else (True,)
+    return tuple(O.Schedule(rid, admit) for admit in admits)
+
+
+def _decode_args(sc: Scope, rid: int) -> tuple:
+    return () if sc.cfg.spec_enabled else tuple(O.Decode(rid, t) for t in sc.decode_tokens)
+
+
+def _spec_decode_args(sc: Scope, rid: int) -> tuple:
+    cfg = sc.cfg
+    if not cfg.spec_enabled:
+        return ()
+    return tuple(O.SpecDecode(rid, d, a, t) for d in range(1, cfg.max_drafts + 1)
+                 for a in range(d + 1) for t in sc.decode_tokens)
+
+
+def _rid_only(sc: Scope, rid: int, name: str) -> tuple:
+    return (ACTIONS[name].op(rid),)
+
+
+_REQ_ARGS: dict = {
+    "schedule": _schedule_args,
+    "decode": _decode_args,
+    "spec_decode": _spec_decode_args,
+}
+"""The scope's argument domains of the actions on a live request that take more than
+its rid (any other one of them: the rid alone)."""
+for _name, _action in ACTIONS.items():
+    if _action.acts_on and _name not in _REQ_ARGS:
+        _REQ_ARGS[_name] = functools.partial(_rid_only, name=_name)
+assert set(_REQ_ARGS) == {n for n, a in ACTIONS.items() if a.acts_on}, \
+    "candidates._REQ_ARGS: a domain for an operation that acts on no live request"
+
+_TOKEN_DOMAINS = ("decode", "spec_decode")
+"""Tried after the others on a request (one candidate per token, and per draft count)."""
+_REQ_OPS = tuple([n for n, a in ACTIONS.items() if a.acts_on and n not in _TOKEN_DOMAINS]
+                 + [n for n in ACTIONS if n in _TOKEN_DOMAINS])
+"""The actions on a live request (`acts_on`), in the order each request's candidates are
+tried: ACTIONS' order, the decode steps last."""
 
 
 def candidate_ops(s: State, sc: Scope, symmetric: bool = True) -> list:
