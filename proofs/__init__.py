@@ -61,12 +61,23 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
             th.join()
             emit(box)
     except KeyboardInterrupt:
+        _ignore_further_interrupts()
         if cache is not None:   # the units that finished are not lost
             cache.save()
         raise ProofsInterrupted(results, cache) from None
     if cache is not None:
         cache.save()
     return results
+
+
+def _ignore_further_interrupts() -> None:
+    """Once interrupted, the run only saves and reports: a second SIGINT (z3 can raise the
+    one it caught again once its check returns) must not cut the save short."""
+    import signal
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:      # not the main thread: its interrupts are the caller's
+        pass
 
 
 class ProofsInterrupted(KeyboardInterrupt):

@@ -64,8 +64,9 @@ def _build_ops(sc: Scope, key: tuple) -> tuple:
 
 
 def _schedule_args(sc: Scope, rid: int) -> tuple:
-    admits = (True, False) if sc.reject else (True,)
-    return tuple(O.Schedule(rid, admit) for admit in admits)
+    if sc.reject:
+        return (O.Schedule(rid, True), O.Schedule(rid, False))
+    return (O.Schedule(rid, True),)
 
 
 def _decode_args(sc: Scope, rid: int) -> tuple:
