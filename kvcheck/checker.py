@@ -21,7 +21,7 @@ from kvcheck.spec.config import Config
 from kvcheck.spec.invariants import check_state, check_step
 from kvcheck.spec.model import ModelError, initial_state, refusal, step, within_accepted
 from kvcheck.spec.ops import Op
-from kvcheck.spec.progress import drain_bound, drain_op, idle, not_drained, progress_key, rescues
+from kvcheck.spec.progress import Drain, rescues
 from kvcheck.spec.state import State
 from kvcheck.spec.view import abstract
 from kvcheck.spec.violations import Violation
@@ -257,29 +257,26 @@ class Lockstep:
         no verdict on progress; so does, under `Config.accept`, a client's abort or close
         the drain needs to go on (`rescues`). Returns the steps' records (the failing one
         last) and the failure, if any."""
-        records, bound = [], drain_bound(self.state)
-        last, stalled = None, 0
-        while not idle(self.state) and len(records) < bound and self.beyond is None:
-            op = drain_op(self.state, last, stalled)
-            if op is None:
-                break
+        records, course = [], Drain(self.state)
+        while self.beyond is None and (op := course.next_op(self.state)) is not None:
             if (skip is not None and skip(self.state, op)) or \
                     (self.cfg.accept and rescues(self.state, op)):
                 return records, None    # unjudged: a left-out trigger; under --accept, the
                                         # model follows a release's rounds, not its clients
-            key = progress_key(self.state)
+            before = self.state
             rec, fail = self.apply(op)
             records.append(rec)
             if fail is not None:
                 return records, fail
-            last, stalled = op, (stalled + 1 if progress_key(self.state) == key else 0)
-        if idle(self.state) or self.beyond is not None:
+            course.applied(op, before, self.state)
+        v = None if self.beyond is not None else course.verdict(self.state)
+        if v is None:
             return records, None
-        v = not_drained(self.state, len(records), bound)
+        last = course.last or self.last_op
         if self.cfg.accept and self.fixed is None:  # after an accepted finding's branch: its
-            self.beyond = Beyond(self.steps, last or self.last_op, v.id, [str(v)])  # consequence
+            self.beyond = Beyond(self.steps, last, v.id, [str(v)])  # consequence
             return records, None
-        return records, _failure(self.steps, last or self.last_op, "spec", [v])
+        return records, _failure(self.steps, last, "spec", [v])
 
     def _release_at_stop(self, b: Beyond) -> Beyond:
         """The system under test, alone, on the step where the spec stopped comparing: does

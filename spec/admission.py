@@ -160,8 +160,7 @@ class _Budget:
         self.rows = len(s.free_rows)
         self.reserved = 0
         self.chunk = s.cfg.chunk_size
-        self.offset = sum(s.unfiltered) + sum(running_offset(r) for r in dict.values(s.reqs)
-                                              if r.phase == "decode") \
+        self.offset = sum(s.unfiltered) + sum(map(running_offset, running_batch(s))) \
             if s.cfg.enable_priority_scheduling else 0
         self.preempted: list = []
 
@@ -227,12 +226,13 @@ def preempt_to_schedule(s: State, req: Req, budget: _Budget) -> bool:
     for r in preemption_order(running_batch(s)):
         if req.priority - r.priority <= s.cfg.priority_scheduling_preemption_threshold:
             break
-        victims.append(r)
+        victims.append(r.rid)
         short -= running_offset(r)
         if short <= 0:
             break
     if not victims or short > 0:
         return False
+    victims = [s.reqs[rid] for rid in victims]     # this state's own copies, to change
     rows = len(s.free_rows)
     for r in victims:
         budget.offset -= running_offset(r)

@@ -4,7 +4,7 @@ priority scheduler reads.
 """
 from __future__ import annotations
 
-from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import hybrid, mamba_tree, ops as O
 from kvcheck.spec.allocator import _write_kv
 from kvcheck.spec.caching import _alloc_decode
 from kvcheck.spec.sessions import (_abort_req, _drop_parked_turn, _is_streaming, _release_plain,
@@ -19,9 +19,19 @@ max_new_tokens there."""
 
 
 def running_batch(s: State) -> list:
-    """The running batch's live requests: those decoding (a finished request still in the
-    batch until `update_running_batch` filters it is in `s.unfiltered` alone)."""
-    return [s.reqs[rid] for rid in s.reqs if dict.__getitem__(s.reqs, rid).phase == "decode"]
+    """The running batch's live requests, for reading (`s.reqs[rid]` to change one): those
+    decoding (a finished request still in the batch until `update_running_batch` filters
+    it is in `s.unfiltered` alone)."""
+    return [r for r in dict.values(s.reqs) if r.phase == "decode"]
+
+
+def preempted(before: State, op, after: State) -> list:
+    """The rids of the running requests that `op`, a prefill round (or `schedule`) taking
+    `before` to `after`, preempted: they wait again."""
+    if not isinstance(op, (O.Schedule, O.ScheduleRound)):
+        return []
+    return [r.rid for r in running_batch(before)
+            if r.rid in after.reqs and dict.__getitem__(after.reqs, r.rid).phase == "queued"]
 
 
 def running_offset(r: Req) -> int:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from kvcheck.spec import ops as O
 from kvcheck.spec.actions import ACTIONS, BY_TYPE, enabled, refusal
 from kvcheck.spec.admission import resolve_logprob_start
-from kvcheck.spec.finish import ABORT_STUB_ORIGIN, queued_borrow_holds_mamba
+from kvcheck.spec.finish import ABORT_STUB_ORIGIN, preempted, queued_borrow_holds_mamba, running_batch
 from kvcheck.spec.forward import SAMPLED_TOKEN, _sync_borrowed
 from kvcheck.spec.guards import refused
 from kvcheck.spec.radix_cache import node_path
@@ -40,15 +40,13 @@ def preempted_by(s: State, op: O.Op) -> list:
     preempts (none when the step stops at an assertion)."""
     if not (s.cfg.enable_priority_scheduling and isinstance(op, (O.Schedule, O.ScheduleRound))):
         return []
-    running = [rid for rid, r in dict.items(s.reqs) if r.phase == "decode"]
-    if not running or not enabled(s, op):
+    if not running_batch(s) or not enabled(s, op):
         return []
     try:
         after, _ = step(s, op)
     except ModelError:      # the step itself reports it
         return []
-    return [rid for rid in running
-            if rid in after.reqs and dict.__getitem__(after.reqs, rid).phase == "queued"]
+    return preempted(s, op, after)
 
 
 def step(s: State, op: O.Op, checked: bool = False) -> tuple[State, str]:

@@ -176,25 +176,47 @@ def _refused_alone(s: State, rid: int) -> bool:
         return False
 
 
+class Drain:
+    """One drain's course from a state: its bound, the operations applied, the last one
+    and how many in a row made no progress (`progress_key`), which `drain_op` reads. The
+    spec-alone drain (`drained`) and the lockstep's (`kvcheck.checker.Lockstep.drain`)
+    both walk it."""
+
+    def __init__(self, s: State) -> None:
+        self.bound, self.steps, self.last, self.stalled = drain_bound(s), 0, None, 0
+
+    def next_op(self, s: State) -> Optional[O.Op]:
+        """The next drain operation from s; None when s is idle, the bound is reached or
+        nothing applies."""
+        if idle(s) or self.steps >= self.bound:
+            return None
+        return drain_op(s, self.last, self.stalled)
+
+    def applied(self, op: O.Op, before: State, after: State) -> None:
+        self.steps += 1
+        self.last = op
+        self.stalled = self.stalled + 1 if progress_key(after) == progress_key(before) else 0
+
+    def verdict(self, s: State) -> Optional[Violation]:
+        """P1 when the drain ended with s not idle."""
+        return None if idle(s) else not_drained(s, self.steps, self.bound)
+
+
 def drained(s: State) -> tuple[Optional[Violation], int]:
     """The drain from s on the spec alone (the explorer's progress check, `Scope.progress`):
     (P1's violation or None, the drain operations applied). A drain operation the spec
     refuses or that reaches an upstream assertion ends it unjudged (the explorer finds
     those through the operations themselves)."""
     from kvcheck.spec.model import step
-    bound, steps, last, stalled = drain_bound(s), 0, None, 0
-    while not idle(s) and steps < bound:
-        op = drain_op(s, last, stalled)
-        if op is None:
-            break
-        key = progress_key(s)
+    course = Drain(s)
+    while (op := course.next_op(s)) is not None:
         try:
-            s, _ = step(s, op)
+            after, _ = step(s, op)
         except (ModelError, ValueError):
-            return None, steps
-        steps += 1
-        last, stalled = op, (stalled + 1 if progress_key(s) == key else 0)
-    return (None if idle(s) else not_drained(s, steps, bound)), steps
+            return None, course.steps
+        course.applied(op, s, after)
+        s = after
+    return course.verdict(s), course.steps
 
 
 def not_drained(s: State, steps: int, bound: int) -> Violation:

@@ -43,8 +43,8 @@ class _RetractHook:
 class _RunningBatch:
     """The running batch as `PrefillAdder.preempt_to_schedule` reads it: its requests in
     merge order (a finished one still there unless filtered), `release_req` of one of them
-    (the victim's overlap lookahead, then upstream's module-level `release_req`) and
-    `filter_batch(keep_indices)` over the list. kvcheck's glue: the adapter keeps one
+    (`Drive._retract`: the victim's overlap lookahead, upstream's module-level
+    `release_req`, waiting again) and `filter_batch(keep_indices)` over the list. kvcheck's glue: the adapter keeps one
     batch per request, so the merged batch's tensors are not built."""
 
     def __init__(self, drive, lives: list):
@@ -54,9 +54,7 @@ class _RunningBatch:
             L.req.time_stats.wait_queue_entry_time = float(L.entered)
 
     def release_req(self, idx, remaining, *args, **kwargs):
-        L = self.lives[idx]
-        self.drive._lookahead(L)
-        self.drive._release_req(L)
+        self.drive._retract(self.lives[idx])
         return True
 
     def filter_batch(self, keep_indices=None, **kwargs):
@@ -176,7 +174,8 @@ class Drive:
         victims' (upstream subtracts those itself). The victims wait again; the rows they
         freed count for the rest of the round (`get_num_allocatable_reqs`)."""
         from sglang.srt.server_args import get_global_server_args
-        batch = _RunningBatch(self, self.running)
+        running = list(self.running)        # its victims leave self.running as released
+        batch = _RunningBatch(self, running)
         offsets = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
         budget, field = (adder.memory_budget, "total_offset") if hasattr(adder, "memory_budget") \
             else (adder, "rem_total_token_offset")
@@ -192,11 +191,8 @@ class Drive:
             adder.running_batch = None
             left = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
             setattr(budget, field, getattr(budget, field) - left)
-        by_req = {id(x.req): x for x in self.running}
-        for req in adder.preempt_list[before:]:
-            victim = by_req[id(req)]
-            self._retracted(victim)
-            preempted.append(victim)
+        by_req = {id(x.req): x for x in running}
+        preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
         kv.rows += self.pool.available_size() - rows
         return ok
 

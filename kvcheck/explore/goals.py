@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from kvcheck.spec import ops as O
 from kvcheck.explore.scope import Scope
+from kvcheck.spec.finish import preempted
 from kvcheck.spec.state import ROOT, State
 
 # ---------------------------------------------------------------------------
@@ -188,28 +189,20 @@ def _round_chunk_beside_new(cfg, b, op, out, a):
         and len(_admitted(b, op, a)) >= 1
 
 
-def _preempted(b: State, op, a: State) -> list:
-    """The running requests a prefill round (or `schedule`) preempted."""
-    if not isinstance(op, (O.Schedule, O.ScheduleRound)):
-        return []
-    return [r for r, x in dict.items(b.reqs) if x.phase == "decode"
-            and r in a.reqs and dict.__getitem__(a.reqs, r).phase == "queued"]
-
-
 def _preemption(cfg, b, op, out, a):
-    return bool(_preempted(b, op, a))
+    return bool(preempted(b, op, a))
 
 
 def _preemption_admits(cfg, b, op, out, a):
     """A preemption after which the request it was for is admitted."""
-    return bool(_preempted(b, op, a)) and any(
+    return bool(preempted(b, op, a)) and any(
         r in a.reqs and dict.__getitem__(a.reqs, r).phase != "queued" or r not in a.reqs
         for r in O.acting_rids(op) if dict.__getitem__(b.reqs, r).phase == "queued")
 
 
 def _preemption_beside_finished(cfg, b, op, out, a):
     """A preemption while a finished request is still in the running batch."""
-    return bool(b.unfiltered) and bool(_preempted(b, op, a))
+    return bool(b.unfiltered) and bool(preempted(b, op, a))
 
 
 def _decode_round_retracts(cfg, b, op, out, a):
