@@ -8,11 +8,12 @@ that must be refuted, and CrossHair on the spec's PEP 316 contracts.
 """
 from __future__ import annotations
 
+import signal
 import sys
 import threading
 import time
 
-from kvcheck.proofs.core import Result
+from kvcheck.proofs.core import Result, ctrl_c_stops_z3, stop_if_interrupted
 
 __all__ = ["Result", "run_all", "report", "ok", "interrupted", "ProofsInterrupted"]
 
@@ -45,8 +46,9 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
         results.extend(rs)
         for r in rs:            # each result as it completes (verbose: with its detail)
             print(_line(r) if verbose else _line(r).splitlines()[0], file=sys.stderr, flush=True)
+        stop_if_interrupted()
 
-    try:
+    def units():
         lemma_key = source_key(*LEMMA_SOURCES)
         for lem in L.LEMMAS:
             name = getattr(lem, "name", str(lem))
@@ -57,9 +59,14 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
         for name, run in I.units():
             if only is None or only in name:
                 emit(cached_unit(cache, name, digest(induction_key, name), run))
-        if th is not None:
-            th.join()
-            emit(box)
+        while th is not None and th.is_alive():
+            th.join(0.2)
+            stop_if_interrupted()
+        emit(box)
+
+    try:
+        with ctrl_c_stops_z3():
+            units()
     except KeyboardInterrupt:
         _ignore_further_interrupts()
         if cache is not None:   # the units that finished are not lost
@@ -71,9 +78,8 @@ def run_all(verbose: bool = False, crosshair: bool = True, cache=None,
 
 
 def _ignore_further_interrupts() -> None:
-    """Once interrupted, the run only saves and reports: a second SIGINT (z3 can raise the
-    one it caught again once its check returns) must not cut the save short."""
-    import signal
+    """Once interrupted, the run only saves and reports: a second SIGINT must not cut the
+    save short."""
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
     except ValueError:      # not the main thread: its interrupts are the caller's

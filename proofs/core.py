@@ -5,6 +5,10 @@ wall-clock time, so a proof's outcome is the same on a loaded CI machine as on a
 laptop. On the machine these were calibrated on, 1M rlimit units are roughly 0.7 s."""
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -108,13 +112,56 @@ def _solve(hyps, extra, goal, rlimit: int, tactic: bool, logic: str | None = Non
 
 
 def checked(s):
-    """s.check(), except that a Ctrl-C z3 caught (it answers unknown, "interrupted from
-    keyboard", and the interrupt is gone) is raised again as KeyboardInterrupt: otherwise
-    `kvcheck prove` reads it as an undecided proof and goes on."""
+    """s.check(), except that a Ctrl-C during it raises KeyboardInterrupt: without that, a
+    check cut short reads as an undecided proof and the run goes on."""
+    s.set("ctrl_c", False)      # Ctrl-C is ctrl_c_stops_z3's, not z3's own handler's
     r = s.check()
+    stop_if_interrupted()
     if r == z3.unknown and "interrupted" in s.reason_unknown():
         raise KeyboardInterrupt
     return r
+
+
+_CTRL_C = threading.Event()
+
+
+def stop_if_interrupted() -> None:
+    """Raise KeyboardInterrupt if a Ctrl-C arrived under ctrl_c_stops_z3."""
+    if _CTRL_C.is_set():
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def ctrl_c_stops_z3():
+    """Ctrl-C stops the run, always, and cuts z3's running call short. Python's SIGINT
+    handler alone is not enough: z3 catches the signal itself during a check (and answers
+    unknown), and a KeyboardInterrupt raised inside a z3 object's __del__ is printed and
+    dropped, so a run once went on to exit 0. Here Python's handler takes every SIGINT
+    (z3's is off) and its wakeup fd wakes a watcher thread, which records the interrupt and
+    interrupts z3; `checked` and the unit loop then raise KeyboardInterrupt
+    (stop_if_interrupted). Off the main thread, where Python takes no signals, it changes
+    nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _CTRL_C.clear()
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+
+    def watch():
+        with os.fdopen(r, "rb", buffering=0) as pipe:
+            while got := pipe.read(64):     # b"" once the run closes its end
+                if signal.SIGINT in got:
+                    _CTRL_C.set()
+                    z3.main_ctx().interrupt()
+
+    threading.Thread(target=watch, daemon=True, name="kvcheck-ctrl-c").start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(old_fd)
+        os.close(w)
 
 
 def check(hyps: list, goal, divisors=(), split: bool = True, logic: str | None = None,
