@@ -40,7 +40,7 @@ def check_corpus(paths, backend: str, out=print, record=None) -> list:
         cfg = release_config(trace.config, backend)
         if cfg is not trace.config:     # e.g. 0.5.17+'s eviction rule (release_config)
             trace, ruled = replace(trace, config=cfg), ruled + 1
-        why = _undrivable(trace, backend)
+        why = _undrivable(trace, backend) or _recorded_trigger(trace, backend)
         if why:
             out(f"  skipped {f}: {why}")
             continue
@@ -63,6 +63,29 @@ def _undrivable(trace, backend: str):
     None: such a trace is skipped there, and says so, instead of failing the corpus."""
     from kvcheck.backends import release_refusal
     return release_refusal(trace.config, backend)
+
+
+def _recorded_trigger(trace, backend: str):
+    """Why a release does not run this trace: one of its steps is the trigger of a finding
+    recorded for the release (and not accepted by the trace), which that release's own
+    traces in stateful_tests/upstream/ check; or None. The spec decides, as the
+    differential run's skip does (kvcheck.backends.known_findings)."""
+    from kvcheck.backends import known_findings
+    from kvcheck.spec.model import refusal, step
+    from kvcheck.spec.state import initial_state
+    trigger = known_findings(backend, trace.config.accept)
+    if trigger is None:
+        return None
+    s = initial_state(trace.config)
+    for i, op in enumerate(trace.ops):
+        found = trigger(s, op)
+        if found:
+            return (f"step {i} ({op.name}) is the trigger of {found}, recorded for this "
+                    "release (stateful_tests/upstream/ holds its traces)")
+        if refusal(s, op) is not None:
+            return None
+        s, _ = step(s, op)
+    return None
 
 
 def planted_verdict(trace) -> tuple[str, str]:

@@ -73,13 +73,24 @@ SGLANG_TARGETS: tuple = (
     # the prefill round's admission: the PrefillAdder and its budgets, the queue's policy
     ("srt/managers/schedule_policy.py", ("PrefillAdder.*", "SchedulePolicy.*")),
     ("srt/mem_cache/prefill_budget.py", None),
+    # the request entry (adapters/sglang/entry.py: 0.5.15, 0.5.22, 0.5.23)
+    ("srt/managers/scheduler.py", ("Scheduler.handle_generate_request",
+                                   "Scheduler._handle_generate_request",
+                                   "Scheduler.init_req_max_new_tokens",
+                                   "Scheduler._add_request_to_queue",
+                                   "Scheduler._set_or_validate_priority",
+                                   "Scheduler._release_aborted_request",
+                                   "Scheduler.abort_request", "Scheduler.open_session",
+                                   "Scheduler.close_session")),
 )
 """What the sglang adapter drives (adapters/sglang/backend.py): the session wrapper,
 the allocator, the radix cache and 0.5.23's tree components whole; of the large modules, the functions it calls
-(release, cache-unfinished, eviction, allocation, retract) and what they call."""
+(release, cache-unfinished, eviction, allocation, retract, the request entry) and what they
+call."""
 SGLANG_INCLUDE = ("*/sglang/srt/session/*", "*/sglang/srt/mem_cache/*",
                   "*/sglang/srt/managers/schedule_batch.py",
-                  "*/sglang/srt/managers/schedule_policy.py")
+                  "*/sglang/srt/managers/schedule_policy.py",
+                  "*/sglang/srt/managers/scheduler.py")
 
 
 # -- the report -------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from kvcheck.spec.pages import pages_needed_extend
 from kvcheck.adapters.sglang import hybrid, shim, swa_tree, swa_unified
 from kvcheck.adapters.sglang.concrete import Concrete
 from kvcheck.adapters.sglang.drive import Drive
+from kvcheck.adapters.sglang.entry import Entry, rid_str
 from kvcheck.adapters.sglang.readback import ReadBack
 from kvcheck.adapters.sglang.release import (  # noqa: F401  (installed_version etc.: the API)
     TESTED, VOCAB, StubCalled, UnsupportedRelease, _Live, _ShadowClearing,
@@ -98,6 +99,8 @@ class SglangBackend(Drive, ReadBack, Concrete):
         self.running: list[_Live] = []
         self.entries = 0
         self._build()
+        # borrow era: upstream's own request entry on a shell scheduler (entry.py)
+        self.entry = Entry(self, info["scheduler"]) if info["scheduler"] else None
         shim.arm()
 
     # -- construction ----------------------------------------------------------
@@ -233,12 +236,16 @@ class SglangBackend(Drive, ReadBack, Concrete):
         sp.normalize(None)
         return sp
 
-    def _tokenized(self, rid: int, tokens, max_new: int, sid: int | None):
+    def _tokenized(self, rid: int, tokens, max_new: int, sid: int | None,
+                   logprob_start_len=None, priority=None):
         from sglang.srt.managers.io_struct import SessionParams, TokenizedGenerateReqInput
         return TokenizedGenerateReqInput(
-            rid=str(rid), input_text=None, input_ids=array("q", tokens), input_embeds=None,
+            rid=rid_str(rid) if self.entry else str(rid), input_text=None,
+            input_ids=array("q", tokens), input_embeds=None,
             mm_inputs=None, token_type_ids=None, sampling_params=self._sampling(max_new),
-            return_logprob=False, logprob_start_len=-1, top_logprobs_num=0,
+            return_logprob=logprob_start_len is not None,
+            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+            top_logprobs_num=0, priority=priority,
             token_ids_logprob=None, stream=False,
             session_params=None if sid is None else SessionParams(id=self._sid(sid)))
 

@@ -66,15 +66,34 @@ class Drive:
     """The operations of SglangBackend (adapters/sglang/backend.py)."""
 
     def _op_open_session(self, op):
-        from sglang.srt.managers.io_struct import OpenSessionReqInput
-        out = self.ctrl.open(OpenSessionReqInput(capacity_of_str_len=1 << 20,
-                                                 session_id=self._sid(op.sid), streaming=True))
+        if self.entry:          # Scheduler.open_session
+            out = self.entry.open_session(self._sid(op.sid))
+        else:
+            from sglang.srt.managers.io_struct import OpenSessionReqInput
+            out = self.ctrl.open(OpenSessionReqInput(
+                capacity_of_str_len=1 << 20, session_id=self._sid(op.sid), streaming=True))
         return "ok" if out.success else "refused"   # "already exist, cannot open"
+
+    def _priority(self, op):
+        return op.priority if self.cfg.enable_priority_scheduling else None
+
+    def _submit(self, op, t) -> str:
+        """Upstream's own Scheduler.handle_generate_request (entry.py): the request it
+        queued, a session's turn, a rejected stub or a plain request."""
+        req = self.entry.submit(t)
+        rejected = req.to_finish is not None
+        self.live[op.rid] = _Live(op.rid, req, streaming=req.session is not None,
+                                  rejected=rejected)
+        self._enqueue(self.live[op.rid], self._priority(op))
+        return "stub" if rejected else "ok"
 
     def _op_submit_turn(self, op):
         """Scheduler.handle_generate_request, session branch."""
         sid = self._sid(op.sid)
-        t = self._tokenized(op.rid, op.new_tokens, op.max_new_tokens, op.sid)
+        t = self._tokenized(op.rid, op.new_tokens, op.max_new_tokens, op.sid,
+                            priority=self._priority(op))
+        if self.entry:
+            return self._submit(op, t)
         session = self.ctrl.get(sid)
         if session is not None and not session.close_on_finish:
             req = session.create_req(t, tokenizer=None, vocab_size=VOCAB)
@@ -95,7 +114,10 @@ class Drive:
 
     def _op_submit_request(self, op):
         from sglang.srt.managers.schedule_batch import Req
-        t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None)
+        t = self._tokenized(op.rid, op.tokens, op.max_new_tokens, None,
+                            logprob_start_len=op.logprob_start_len, priority=self._priority(op))
+        if self.entry:
+            return self._submit(op, t)
         req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB,
                   return_logprob=op.logprob_start_len is not None)
         req.tokenizer = None
@@ -402,6 +424,14 @@ class Drive:
 
     def _abort_queued(self, rid: int) -> str:
         """Scheduler.abort_request, waiting-queue branch: the request is popped."""
+        if self.entry:          # upstream's own abort_request over the waiting queue
+            L = self.live[rid]
+            queued = [M.req for M in self.live.values() if M.phase == "queued"]
+            popped = self.entry.abort(rid, queued, running=[])
+            if popped != [L.req]:
+                raise RuntimeError(f"abort_request popped {len(popped)} requests for {rid}")
+            del self.live[rid]
+            return "ok"
         L = self.live.pop(rid)
         if self.api == "borrow":
             self._abort_queued_borrow(L)
@@ -413,6 +443,12 @@ class Drive:
         """Scheduler._add_request_to_queue refuses the request (_set_or_validate_priority
         or _abort_on_queued_limit): 0.5.15 returns with no cache or session call;
         0.5.22+ calls _release_aborted_request, as the waiting-queue abort does."""
+        if self.entry and self.api == "borrow":     # upstream's own _release_aborted_request
+            L = self.live.pop(op.rid)
+            self.entry.sch._release_aborted_request(L.req)
+            if self.cfg.mamba_slots:
+                hybrid.release_queued_mamba(L.req, self.cache)
+            return "ok"
         return self._abort_queued(op.rid)
 
     def _op_pre_abort(self, op):
@@ -530,7 +566,10 @@ class Drive:
         from sglang.srt.managers.io_struct import CloseSessionReqInput
         sid = self._sid(op.sid)
         known = self.ctrl.get(sid) is not None
-        self.ctrl.close(CloseSessionReqInput(session_id=sid))
+        if self.entry:          # Scheduler.close_session
+            self.entry.close_session(sid)
+        else:
+            self.ctrl.close(CloseSessionReqInput(session_id=sid))
         if not known:                   # "session id ... does not exist, cannot delete"
             return "refused"
         s = self.ctrl.get(sid)

@@ -90,9 +90,9 @@ def queued_borrowed_abort_probe(cfg) -> dict:
     slot, kv = b._slots()[b._sid(1)], kv_record(req)
     out = dict(borrowed=kv_record(slot) is kv or slot.req_pool_idx == req.req_pool_idx,
                holds_kv=b._row(req) is not None, holds_mamba=holds_mamba(kv),
-               req_nodes_before=list(sess.req_nodes))
+               req_nodes_before=[str(int(r)) for r in sess.req_nodes])
     b.apply(O.AbortQueued(2))       # (0.5.23: _release_aborted_request), "For mamba radix cache"
-    out.update(req_nodes_after=list(sess.req_nodes), inflight=bool(sess._inflight),
+    out.update(req_nodes_after=[str(int(r)) for r in sess.req_nodes], inflight=bool(sess._inflight),
                slot_kept=b._sid(1) in b._slots())
     b.apply(O.SubmitTurn(1, 3, (6,), 2))
     out["next_prompt"] = [int(t) for t in b.live[3].req.origin_input_ids]

@@ -144,8 +144,13 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # and a later turn runs on the slot's (`restore_to_req`: `req.kv = self.kv`)
         batch = importlib.import_module("sglang.srt.managers.schedule_batch")
         shared = api == "flat" and hasattr(batch.Req, "detach_kv")
+        # upstream's request entry (entry.py), imported before the shim is armed, on the
+        # releases its shell scheduler was built and checked against (ENTRY_RELEASES)
+        from kvcheck.adapters.sglang.entry import ENTRY_RELEASES, import_scheduler
+        scheduler = import_scheduler() if version in ENTRY_RELEASES else None
         _SETUP.update(version=version, api=api, stub_triton=stub_triton, planted=planted,
-                      record=record, shared=shared, unified=api == "flat" and unified_plain())
+                      record=record, shared=shared, unified=api == "flat" and unified_plain(),
+                      scheduler=scheduler)
         if api == "flat":
             # Req.set_finish_with_abort asks the TP group for the rank only to decide
             # whether to log; a single-rank scheduler is rank 0.
@@ -167,10 +172,12 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # scheduler is rank 0); 0.5.16-0.5.21 keep the override record without a setter
         from sglang.srt.runtime_context import get_parallel
         par = get_parallel()
+        ranks = dict(tp_rank=0, pp_rank=0, attn_cp_rank=0) if _SETUP["scheduler"] \
+            else dict(tp_rank=0)    # open_session reads the pipeline and CP ranks too
         if hasattr(par, "override_permanently"):
-            par.override_permanently(tp_rank=0)
+            par.override_permanently(**ranks)
         else:
-            par._overrides["tp_rank"] = 0
+            par._overrides.update(ranks)
     return dict(_SETUP)
 
 

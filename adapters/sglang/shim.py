@@ -24,12 +24,17 @@ THIRD_PARTY = (
     "transformers", "torchvision", "IPython", "tvm_ffi", "huggingface_hub",
     "sentencepiece", "safetensors", "compressed_tensors", "regex", "gguf",
     "partial_json_parser", "xgrammar",
+    # managers/scheduler.py (upstream's request entry, adapters/sglang/entry.py): the
+    # server process's title, its YAML patch config and HTTP stack
+    "setproctitle", "yaml", "aiohttp", "uvicorn", "fastapi",
 )
 # sglang modules whose import builds pydantic models out of `openai` types; the grammar
 # backend only names them in annotations.
 SGLANG_INTERNAL = (
     "sglang.srt.entrypoints.openai.protocol",
     "sglang.srt.parser.reasoning_parser",
+    # tool-call parsing, reached from the scheduler's grammar manager (entry.py)
+    "sglang.srt.function_call",
 )
 
 
