@@ -14,7 +14,7 @@ from typing import Callable
 from kvcheck.spec import ops as O
 from kvcheck.spec.abstract import AbstractState
 from kvcheck.spec.config import Config
-from kvcheck.spec.hybrid import cursor_at_dead_lo, row_swa_held
+from kvcheck.spec.swa_pool import cursor_at_dead_lo, row_swa_held
 from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.violations import Violation
 
@@ -448,7 +448,7 @@ def protected_prefix_is_path(s: AbstractState, cfg: Config):
 
 
 # ---------------------------------------------------------------------------
-# hybrid models (spec/hybrid.py), I40-I45: the SWA pool and the Mamba pool. Each returns [] when
+# hybrid models (spec/swa_pool.py, spec/mamba_pool.py), I40-I45: the SWA pool and the Mamba pool. Each returns [] when
 # its pool is off (swa_num_pages / mamba_slots 0), so non-hybrid runs are unchanged.
 # ---------------------------------------------------------------------------
 
