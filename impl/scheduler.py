@@ -135,7 +135,7 @@ class Scheduler:
         self.tree_cache = StreamingSession(self.radix_cache, era=era,
                                            evict_shortfall=evict_shortfall)
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
-        # (kvcheck.spec.hybrid.prompt_split_on): no SWA or Mamba component
+        # (kvcheck.spec.swa_tree.prompt_split_on): no SWA or Mamba component
         self.radix_cache.full_only = not swa_window and not mamba_slots
         if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
             self.radix_cache.lock_holders = self._lock_holders

@@ -33,11 +33,15 @@ MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/allocator.py", "kvcheck/spec/r
            "kvcheck/spec/caching.py", "kvcheck/spec/token_arrays.py", "kvcheck/spec/sessions.py",
            "kvcheck/spec/finish.py", "kvcheck/spec/forward.py", "kvcheck/spec/admission.py",
            "kvcheck/spec/guards.py", "kvcheck/spec/actions.py", "kvcheck/spec/model.py",
-           "kvcheck/spec/abstract.py", "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
+           "kvcheck/spec/abstract.py", "kvcheck/spec/view.py", "kvcheck/spec/invariants_base.py",
+           "kvcheck/spec/invariants_pages.py", "kvcheck/spec/invariants_holders.py",
+           "kvcheck/spec/invariants_sessions.py", "kvcheck/spec/invariants_tree.py",
+           "kvcheck/spec/invariants_hybrid.py", "kvcheck/spec/invariants_step.py",
+           "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
            "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
            "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
-"""What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
-re-executes its functions' code objects on z3 terms."""
+"""What the explorer spends its time in. spec/pages.py and spec/swa_pool.py stay interpreted:
+proofs/ re-executes their functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
 """annotation_typing off: an annotation never becomes a C type check, so the compiled
 code accepts and returns exactly what the interpreted code does."""

@@ -16,7 +16,8 @@ included). A state invariant this module does not know (one added to spec/ since
 """
 from __future__ import annotations
 
-from kvcheck.spec.hybrid import cursor_at_dead_lo, mamba_refs, row_swa_held
+from kvcheck.spec.mamba_pool import mamba_refs
+from kvcheck.spec.swa_pool import cursor_at_dead_lo, row_swa_held
 from kvcheck.spec.state import ROOT, State
 
 COVERED = frozenset({"I1", "I2", "I3", "I4", "I5", "I6", "I7", "I8", "I9", "I12", "I13",

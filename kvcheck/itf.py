@@ -102,7 +102,8 @@ def state(s: AbstractState) -> dict:
 
 
 def _hybrid(s: AbstractState) -> dict:
-    """The hybrid pools (spec/hybrid.py), only when the configuration has them."""
+    """The hybrid pools (spec/swa_pool.py, spec/mamba_pool.py), only when the configuration
+    has them."""
     if not (s.swa_num_pages or s.mamba_slots):
         return {}
     return {"swa_free_pages": value(s.swa_free_pages),

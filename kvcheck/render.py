@@ -16,7 +16,7 @@ from typing import Optional
 
 from kvcheck.spec.abstract import (MISSING, TOP_FIELDS, AbstractState, Change, canonical, changes,
                            entities, entity_name, segments)
-from kvcheck.spec.invariants import row_owners
+from kvcheck.spec.invariants_base import row_owners
 from kvcheck.spec.pages import ceil_div
 
 DIFFERS, RENAMED = "*", "~"

@@ -1,7 +1,7 @@
-"""Window arithmetic of hybrid SWA models (spec/hybrid.py), proved with z3 for a symbolic
+"""Window arithmetic of hybrid SWA models (spec/swa_pool.py), proved with z3 for a symbolic
 page size, window and cursor.
 
-The term is the real `kvcheck.spec.hybrid.swa_evict_target` run on z3 terms (kvcheck.proofs.symexec: it
+The term is the real `kvcheck.spec.swa_pool.swa_evict_target` run on z3 terms (kvcheck.proofs.symexec: it
 is re-bound next to spec/pages.py's functions, so it calls the real `floor_align`); each
 lemma has negative controls (mutants z3 must refute), like proofs/lemmas.py.
 """
@@ -11,11 +11,11 @@ import z3
 
 from kvcheck.proofs.symexec import REAL, Module, S, is_mult, zmax
 from kvcheck.spec.fields import MAX_PAGE_SIZE
-from kvcheck.spec.hybrid import swa_evict_target, swa_evict_target_borrow, swa_keep
+from kvcheck.spec.swa_pool import swa_evict_target, swa_evict_target_borrow, swa_keep
 
 HYB = Module({"swa_evict_target": swa_evict_target, "swa_keep": swa_keep,
               "swa_evict_target_borrow": swa_evict_target_borrow},
-             name="kvcheck.spec.pages + kvcheck.spec.hybrid's window arithmetic")
+             name="kvcheck.spec.pages + kvcheck.spec.swa_pool's window arithmetic")
 
 
 def _hyb(label: str, mutant, name: str = "swa_evict_target") -> tuple:

@@ -218,7 +218,7 @@ class Change:
 
 
 def entity_name(kind: str, x) -> str:
-    """An entity's name, as spec/invariants.py names owners."""
+    """An entity's name, as spec/invariants_base.py names owners."""
     if kind == "nodes":
         return f"node {list(x.path)}"
     if kind == "reqs":

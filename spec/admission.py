@@ -4,7 +4,7 @@ radix match), the PrefillAdder's budgets and admission, and priority preemption
 """
 from __future__ import annotations
 
-from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import mamba_pool, mamba_tree, swa_pool, swa_tree
 from kvcheck.spec.allocator import NO_ROW, available_size
 from kvcheck.spec.finish import (CLIP_MAX_NEW_TOKENS, _retract, enter_waiting_queue,
                                  preemption_order, running_batch, running_offset,
@@ -48,7 +48,7 @@ def _match(s: State, req: Req) -> int:
         if prefix_len < slot.protected:
             raise ModelError(f"streaming session prefix shrank: prefix_len={prefix_len} "
                              f"< slot.cache_protected_len={slot.protected}")
-        prefix_len = hybrid.swa_aligned_rewind(s, req, prefix_len)
+        prefix_len = swa_pool.swa_aligned_rewind(s, req, prefix_len)
         _free_tail(s, slot, req, prefix_len)
         req.last_node = ("virtual", req.session)
         req.protected = slot.protected
@@ -61,16 +61,16 @@ def _match(s: State, req: Req) -> int:
         req.protected = req.prefix_len = len(pages)
         req.prefix_pages = tuple(pages)
         return req.prefix_len
-    swa_tree = hybrid.swa_on(s)
-    nid, pages = match_prefix(s, req.fill[:_key_limit(req)], stamp=not swa_tree)
-    usable = hybrid.swa_match_len(s, pages)
-    req.swa_branching_seqlen = hybrid.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
-    if usable < len(pages) * s.cfg.page_size or swa_tree:
+    swa = swa_pool.swa_on(s)
+    nid, pages = match_prefix(s, req.fill[:_key_limit(req)], stamp=not swa)
+    usable = swa_tree.swa_match_len(s, pages)
+    req.swa_branching_seqlen = swa_tree.swa_branching_seqlen(s, len(pages) * s.cfg.page_size, usable)
+    if usable < len(pages) * s.cfg.page_size or swa:
         # SWARadixCache `_match_post_processor` (0.5.23's too: it stamps `best_match_node`
         # and its ancestors, the SWA validator's last valid node): only the usable node
         # and its parents are touched (`reset_node_and_parents_mru`), after the walk's splits
         nid, pages = match_prefix(s, req.fill[:usable])
-        hybrid.swa_refresh(s, nid)          # 0.5.23: MATCH_END from `best_match_node`
+        swa_tree.swa_refresh(s, nid)          # 0.5.23: MATCH_END from `best_match_node`
     req.last_node = ("node", nid)
     req.protected = len(pages) * s.cfg.page_size
     req.prefix_len = req.protected
@@ -124,7 +124,7 @@ def _mamba_revert_cow(s: State, req: Req) -> None:
     """A request the round does not add: `get_new_batch_prefill` frees the copy-on-write
     slot of a request without a session ("revert matched mamba idx")."""
     if mamba_tree.on(s) and req.session is None and req.mamba_pool_idx is not None:
-        hybrid.free_mamba(s, req)
+        mamba_pool.free_mamba(s, req)
 
 
 def _new_tokens_needed(s: State, prefix: int, end: int) -> int:
@@ -253,7 +253,7 @@ def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
         return None
     inc_lock_ref(s, req.last_node)
     was_locked, req.locked = req.locked, True   # the budget is read under the lock
-    hybrid.note_swa_lock(s, req)                # (its SWA part too: `_lock_node`)
+    swa_tree.note_swa_lock(s, req)                # (its SWA part too: `_lock_node`)
     need = _new_tokens_needed(s, prefix, end)
     if req.row is None and budget.rows < 1 and budget.preempted and accepts(s, "U9"):
         raise ModelError(f"{NO_ROW}: req {req.rid} is admitted after preempting "
@@ -261,9 +261,9 @@ def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
                          f"keep", upstream=(NO_ROW,))
     # FIX(U9): the rows are checked again after a preemption (a preempted streaming
     # turn's row stays with its session's slot)
-    if (req.row is None and budget.rows < 1) or hybrid.mamba_short(s, req) or \
+    if (req.row is None and budget.rows < 1) or mamba_pool.mamba_short(s, req) or \
             need + budget.reserved > available_size(s) + s.evictable_size or \
-            hybrid.swa_admission_short(s, need + budget.reserved):
+            swa_tree.swa_admission_short(s, need + budget.reserved):
         dec_lock_ref(s, req.last_node)
         req.locked = was_locked
         _mamba_revert_cow(s, req)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import bisect
 
-from kvcheck.spec import hybrid
+from kvcheck.spec import swa_pool
 from kvcheck.spec.pages import row_pages
 from kvcheck.spec.state import State
 from kvcheck.spec.violations import ModelError
@@ -24,15 +24,15 @@ both not)."""
 
 
 def available_size(s: State) -> int:
-    return hybrid.available_size(s, len(s.free_pages) * s.cfg.page_size)
+    return swa_pool.available_size(s, len(s.free_pages) * s.cfg.page_size)
 
 
 def _alloc_pages(s: State, n: int):
     """`alloc`: the n lowest free pages, or None (nothing changes) on shortage."""
-    if n > len(s.free_pages) or not hybrid.swa_can_alloc(s, n):
+    if n > len(s.free_pages) or not swa_pool.swa_can_alloc(s, n):
         return None
     taken, s.free_pages = s.free_pages[:n], s.free_pages[n:]
-    hybrid.map_swa_pages(s, taken)
+    swa_pool.map_swa_pages(s, taken)
     for p in taken:
         s.content[p] = (None,) * s.cfg.page_size
     return taken
@@ -47,14 +47,14 @@ def _free_pages(s: State, pages, full_only=()) -> None:
     for p in sorted(set(pages)):
         bisect.insort(s.free_pages, p)
         s.content.pop(p, None)
-    hybrid.free_swa(s, [p for p in pages if p not in full_only])
+    swa_pool.free_swa(s, [p for p in pages if p not in full_only])
 
 
 def _free_row_range(s: State, row: int, start: int, end: int, holder=None) -> None:
     """`free(req_to_token[row, start:end])`: frees every page the range touches. With the
     record `holder` (borrow era `free_kv_row`): its SWA-dead pages go back full-side only."""
     r = s.rows[row]
-    dead = hybrid.swa_dead_pages(s, holder, start, end) if holder is not None else ()
+    dead = swa_pool.swa_dead_pages(s, holder, start, end) if holder is not None else ()
     _free_pages(s, [r[k] for k in row_pages(start, end, s.cfg.page_size)],
                 full_only={r[k] for k in dead})
 

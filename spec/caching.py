@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import mamba_pool, mamba_tree, swa_pool, swa_tree
 from kvcheck.spec.allocator import _alloc_pages, _free_row_range, available_size
 from kvcheck.spec.pages import ceil_div, floor_align, pages_needed_extend
 from kvcheck.spec.radix_cache import (_evict_full, _evict_swa, _path_pages, alloc_mamba_slot,
@@ -61,19 +61,19 @@ def evict_from_tree_cache(s: State, n: int) -> None:
     """V1 `evict_from_tree_cache`: if available < n, evict(n) (0.5.14-0.5.16), or only the
     shortfall n - available (`config.evict_shortfall`: 0.5.17+; the borrow era)."""
     if s.cfg.era == "borrow":
-        if hybrid.swa_on(s):
+        if swa_pool.swa_on(s):
             evict_for_alloc_swa(s, n)
             return
         # 0.5.22+ `allocator.evict_to_free_tokens`: evict only the shortfall
         if available_size(s) < n:
             evict(s, n - available_size(s))
         return
-    if hybrid.swa_tree_on(s):
+    if swa_tree.swa_tree_on(s):
         # 0.5.15 `common.py` l.297-316 with an SWATokenToKVPoolAllocator: each pool's
         # shortfall, `EvictParams(num_tokens=n - full_available, swa_num_tokens=n -
         # swa_available)`; the leaves the full loop evicts count on the SWA side too
         full_short = max(0, n - len(s.free_pages) * s.cfg.page_size)
-        swa_short = max(0, n - hybrid.swa_available_size(s))
+        swa_short = max(0, n - swa_pool.swa_available_size(s))
         if full_short or swa_short:
             _, swa = _evict_full(s, full_short)
             _evict_swa(s, swa_short - swa)
@@ -101,7 +101,7 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
         return
     P = s.cfg.page_size
     row = s.rows[req.row]
-    branch = hybrid.swa_branch_cache_len(req, req.committed)
+    branch = swa_tree.swa_branch_cache_len(req, req.committed)
     cache_len = req.committed if branch is None else branch
     # the key is `get_fill_ids()` (0.5.15 radix_cache.py l.493-500; 0.5.23 `checkpoint`,
     # fill[:extend_end]) page-aligned: shorter than committed only when a later turn
@@ -109,12 +109,12 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     # shorter length, as upstream's `len(new_indices)` does
     keys_len = floor_align(min(cache_len, len(req.fill)), P)
     key = req.fill[:keys_len]
-    hybrid.free_out_of_window_slots(s, req, cache_len)
-    new_prefix_len = insert(s, key, row[:keys_len // P], hybrid.insert_cursor(s, req),
+    swa_pool.free_out_of_window_slots(s, req, cache_len)
+    new_prefix_len = insert(s, key, row[:keys_len // P], swa_tree.insert_cursor(s, req),
                             prev_prefix_len=req.protected)
     if new_prefix_len > req.protected:
         _free_row_range(s, req.row, req.protected, new_prefix_len)
-    if hybrid.prompt_split_on(s):
+    if swa_tree.prompt_split_on(s):
         _split_at_prompt(s, req, key)
     nid, pages = match_prefix(s, key)
     if len(pages) * P != keys_len:
@@ -125,8 +125,8 @@ def cache_unfinished_req_inner(s: State, req: Req) -> None:
     req.last_node = ("node", nid)
     inc_lock_ref(s, req.last_node)
     req.locked = True
-    hybrid.note_swa_lock(s, req)
-    hybrid.cleanup_swa_branch(s, req, branch, finished=False)
+    swa_tree.note_swa_lock(s, req)
+    swa_tree.cleanup_swa_branch(s, req, branch, finished=False)
 
 
 def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
@@ -163,13 +163,13 @@ def _checkpoint_mamba_tree(s: State, req: Req, finished: bool) -> None:
         if exist:
             mamba_tree.free_slot(s, value)
     elif exist:
-        hybrid.free_mamba(s, req)       # `free_mamba_cache`: the node kept its own
+        mamba_pool.free_mamba(s, req)       # `free_mamba_cache`: the node kept its own
     else:
         req.mamba_pool_idx = None       # the node owns it now (upstream leaves the ref)
 
 
 def _split_at_prompt(s: State, req: Req, key: tuple) -> None:
-    """Borrow era (`checkpoint_into_tree`), a FULL-only tree (`hybrid.prompt_split_on`): a
+    """Borrow era (`checkpoint_into_tree`), a FULL-only tree (`swa_tree.prompt_split_on`): a
     second insert of the page-aligned prompt, cut from the inserted `key`, splits the
     inserted path at the prompt boundary (so eviction can drop the output KV without the
     prompt); it adds and frees nothing."""
@@ -190,7 +190,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
             dec_lock_ref(s, req.last_node)
             req.locked = False
         return
-    branch = hybrid.swa_branch_cache_len(req, committed) if is_insert else None
+    branch = swa_tree.swa_branch_cache_len(req, committed) if is_insert else None
     n, key_len = committed, branch
     if branch is None:
         # the key is the token array `fill_key` names cut at kv_committed_len: shorter than
@@ -209,7 +209,7 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
                                 req.swa_evicted_seqlen, req.protected)
         if new_prefix_len > req.protected:
             _free_row_range(s, req.row, req.protected, new_prefix_len)
-        if hybrid.prompt_split_on(s):
+        if swa_tree.prompt_split_on(s):
             _split_at_prompt(s, req, key)
     elif keys_len > req.protected:
         _free_row_range(s, req.row, req.protected, keys_len)
@@ -218,4 +218,4 @@ def cache_finished_req_inner(s: State, req: Req, is_insert: bool) -> None:
     if req.locked:
         dec_lock_ref(s, req.last_node)
         req.locked = False
-    hybrid.cleanup_swa_branch(s, req, branch, finished=True)
+    swa_tree.cleanup_swa_branch(s, req, branch, finished=True)

@@ -86,7 +86,7 @@ class Config:
     """Recorded findings (ids of ACCEPTABLE) whose upstream behaviour the spec takes, so a
     differential run drives their paths; () is the fixed behaviour everywhere."""
     swa_window: Annotated[int, Range(0, MAX_CONTEXT)] = 0
-    """Hybrid SWA model: `sliding_window_size` in tokens; 0 = no SWA layers (spec/hybrid.py)."""
+    """Hybrid SWA model: `sliding_window_size` in tokens; 0 = no SWA layers (spec/swa_pool.py)."""
     swa_num_pages: Optional[Annotated[int, Range(1, MAX_PAGES)]] = None
     """Pages of the SWA KV pool (`size_swa // page_size`); None = num_pages."""
     swa_eviction_interval: Annotated[int, Range(1, 1024)] = 1

@@ -4,7 +4,7 @@ priority scheduler reads.
 """
 from __future__ import annotations
 
-from kvcheck.spec import hybrid, mamba_tree, ops as O
+from kvcheck.spec import mamba_pool, mamba_tree, ops as O, swa_pool
 from kvcheck.spec.allocator import _write_kv
 from kvcheck.spec.caching import _alloc_decode
 from kvcheck.spec.sessions import (_abort_req, _drop_parked_turn, _is_streaming, _release_plain,
@@ -90,9 +90,9 @@ def _lookahead(s: State, req: Req) -> None:
         if not _alloc_decode(s, req.row, pos):
             return                      # memory short: the step was not prepared
         req.allocated = pos + 1
-        if hybrid.swa_on(s):            # a prepared decode batch: `maybe_evict_swa` too
-            hybrid.free_swa_out_of_window_slots(s, req)
-            hybrid.decode_batch_done(req)
+        if swa_pool.swa_on(s):            # a prepared decode batch: `maybe_evict_swa` too
+            swa_pool.free_swa_out_of_window_slots(s, req)
+            swa_pool.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
     req.committed = pos + 1
 
@@ -152,7 +152,7 @@ def _abort_queued(s: State, req: Req) -> None:
             del s.reqs[req.rid]
             return
     if mamba_tree.on(s) and req.row is None and req.mamba_pool_idx is not None:
-        hybrid.free_mamba(s, req)       # `abort_request`: release_kv_cache(checkpoint=False)
+        mamba_pool.free_mamba(s, req)       # `abort_request`: release_kv_cache(checkpoint=False)
     del s.reqs[req.rid]
 
 
@@ -196,6 +196,6 @@ def _retract(s: State, req: Req) -> None:
     req.last_node = None
     req.locked = False
     req.committed_freed = req.overallocated_freed = False
-    hybrid.reset_for_retract(req)
+    swa_pool.reset_for_retract(req)
     req.is_retracted = True
     req.phase = "queued"

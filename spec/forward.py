@@ -4,7 +4,7 @@ era's slot hand-over and checkpoints), the decode steps (single, round, speculat
 """
 from __future__ import annotations
 
-from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import mamba_pool, mamba_tree, swa_pool
 from kvcheck.spec.allocator import REUSED_ROW_014, REUSED_ROW_019, _write_kv, available_size
 from kvcheck.spec.caching import (_alloc_decode, _alloc_extend, cache_unfinished_req_inner,
                                   evict_from_tree_cache)
@@ -49,10 +49,10 @@ def _prepare_for_extend(s: State, batch: list) -> None:
                              upstream=(REUSED_ROW_014, REUSED_ROW_019))
         if mamba_tree.on(s):            # `allocation.ensure_mamba_capacity` (0.5.23),
             short = mamba_tree.alloc_req_slots_evict(s) if mamba_tree.wrapper_rules(s) else \
-                hybrid.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
+                mamba_pool.mamba_needed(s, req) - len(s.mamba_free_slots)   # `alloc_req_slots`
             if short > 0:
                 evict_mamba(s, short)
-        hybrid.alloc_mamba(s, req)
+        mamba_pool.alloc_mamba(s, req)
     P = s.cfg.page_size
     evict_from_tree_cache(s, sum(end - prefix for _, prefix, end in batch)
                           + (len(batch) * P if P > 1 else 0))
@@ -62,7 +62,7 @@ def _prepare_for_extend(s: State, batch: list) -> None:
     for req, prefix, end in batch:
         _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
         req.committed = req.allocated = req.extend_end = end
-        hybrid.set_swa_evict_floor(s, req)
+        swa_pool.set_swa_evict_floor(s, req)
         if s.cfg.era == "borrow":
             _take(s, req)
 
@@ -93,7 +93,7 @@ def _take(s: State, req: Req) -> None:
                                 protected=req.protected,
                                 last_node=req.last_node if req.locked else None, publishes=True,
                                 swa_uuid_for_lock=req.swa_uuid_for_lock if req.locked else None)
-    hybrid.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
+    mamba_pool.move_mamba(s.slots[req.session], req, clear_src=False)  # one record: Mamba refs too
     req.locked = False
     req.last_node = ("virtual", req.session)
 
@@ -133,11 +133,11 @@ def _sync_borrowed(s: State, acting=()) -> None:
             r, slot = s.reqs[rid], s.slots[sid]
             if r.rid in acting:
                 slot.committed, slot.allocated, slot.protected = r.committed, r.allocated, r.protected
-                hybrid.sync_borrowed(slot, r, acting=True)
+                swa_pool.sync_borrowed(slot, r, acting=True)
             borrowers.append((r, slot))
     for r, slot in borrowers:
         r.committed, r.allocated, r.protected = slot.committed, slot.allocated, slot.protected
-        hybrid.sync_borrowed(slot, r, acting=False)
+        swa_pool.sync_borrowed(slot, r, acting=False)
 
 
 def _prefill_done(s: State, req: Req) -> None:
@@ -170,7 +170,7 @@ def _prefill_chunk(s: State, req: Req) -> str:
         return "oom"
     _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
     req.committed = req.allocated = req.extend_end = end
-    hybrid.set_swa_evict_floor(s, req)
+    swa_pool.set_swa_evict_floor(s, req)
     if end == req.seqlen:
         _prefill_done(s, req)
     return "ok"
@@ -181,8 +181,8 @@ def _decode(s: State, req: Req, token: int) -> str:
     if not _alloc_decode(s, req.row, pos):
         return "oom"
     update_running_batch(s)
-    hybrid.free_swa_out_of_window_slots(s, req)
-    hybrid.decode_batch_done(req)
+    swa_pool.free_swa_out_of_window_slots(s, req)
+    swa_pool.decode_batch_done(req)
     _write_kv(s, req.row, pos, pos + 1, req.fill_ids)
     req.committed += 1
     req.allocated = max(req.allocated, req.committed)
@@ -263,8 +263,8 @@ def _spec_decode(s: State, req: Req, drafts: int, accepted: int, token: int) -> 
             return "oom"
         req.allocated = need
     update_running_batch(s)
-    hybrid.free_swa_out_of_window_slots(s, req)
-    hybrid.decode_batch_done(req)
+    swa_pool.free_swa_out_of_window_slots(s, req)
+    swa_pool.decode_batch_done(req)
     req.output.extend([token] * (accepted + 1))
     start = req.committed
     req.committed += accepted + 1

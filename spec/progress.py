@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvcheck.spec import hybrid, mamba_tree, ops as O
+from kvcheck.spec import mamba_pool, mamba_tree, ops as O, swa_tree
 from kvcheck.spec.admission import _add_one_req, _Budget
 from kvcheck.spec.allocator import available_size
 from kvcheck.spec.finish import retraction_order
@@ -152,9 +152,9 @@ def starved(s: State, r) -> bool:
     evictable: a queued request's own admission alone in a round refuses it; the chunked
     request's: no free row, no Mamba slot, or fewer KV (or SWA) tokens than its next
     chunk."""
-    if (r.row is None and not s.free_rows) or hybrid.mamba_short(s, r):
+    if (r.row is None and not s.free_rows) or mamba_pool.mamba_short(s, r):
         return True
-    if s.cfg.mamba_tree and (len(s.mamba_free_slots) <= hybrid.mamba_needed(s, r) or
+    if s.cfg.mamba_tree and (len(s.mamba_free_slots) <= mamba_pool.mamba_needed(s, r) or
                              (mamba_tree.chunk_refusal(s, r) if r.phase == "prefill" else
                               mamba_tree.cow_refusal(s, r))):
         return True     # the match's (or the chunk's) copy-on-write takes a slot too
@@ -162,7 +162,7 @@ def starved(s: State, r) -> bool:
         return _refused_alone(s, r.rid)
     left = r.seqlen - r.extend_end
     need = ceil_align(min(left, s.cfg.chunk_size or left), s.cfg.page_size)
-    return available_size(s) + s.evictable_size < need or hybrid.swa_admission_short(s, need)
+    return available_size(s) + s.evictable_size < need or swa_tree.swa_admission_short(s, need)
 
 
 def _refused_alone(s: State, rid: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvcheck.spec import hybrid, mamba_tree
+from kvcheck.spec import mamba_tree, swa_pool, swa_tree
 from kvcheck.spec.allocator import _free_pages
 from kvcheck.spec.pages import floor_align
 from kvcheck.spec.state import ROOT, Node, State
@@ -46,12 +46,12 @@ def _split_node(s: State, child_id: int, split: int) -> int:
     child.pages = child.pages[split // P:]
     child.parent = new.id
     new.children[_page_key(s, child.key, 0)] = child_id
-    hybrid.move_swa_uuid(s, child_id, new.id)
+    swa_tree.move_swa_uuid(s, child_id, new.id)
     new.swa_tick = child.swa_tick       # 0.5.23: `lru.insert_after(child, new_node)`
     if mamba_tree.on(s):
         mamba_tree.split(new)
         mamba_tree.walk_touch(s, child)
-    if hybrid.swa_on(s) or mamba_tree.on(s):
+    if swa_pool.swa_on(s) or mamba_tree.on(s):
         # SWARadixCache, and 0.5.23's `_split_node` with an SWA or a Mamba component (whose
         # match stamps only the node it ends on): the lower half is re-stamped, after the upper
         child.tick = _creation_tick(s)
@@ -114,12 +114,12 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
     """`RadixCache.insert`: returns how much already existed; the new suffix becomes a
     fresh leaf (evictable). The caller frees its duplicates of the existing part. Under
     SWA (wrapper era) the suffix's part below `swa_evicted_seqlen` is a node of its own
-    (`hybrid.swa_tombstone_cut`)."""
+    (`swa_tree.swa_tombstone_cut`)."""
     P = s.cfg.page_size
     nid, i, _ = _walk(s, key)
-    if hybrid.swa_on(s):
+    if swa_pool.swa_on(s):
         _recover_tombstones(s, key, pages, i, prev_prefix_len, swa_evicted_seqlen)
-    cut = hybrid.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
+    cut = swa_tree.swa_tombstone_cut(s, i, len(key), swa_evicted_seqlen)
     if i < cut == len(key):
         _free_pages(s, pages[i // P:len(key) // P])     # no all-tombstone leaf
         return i
@@ -128,23 +128,23 @@ def insert(s: State, key: tuple, pages: list, swa_evicted_seqlen: int = 0,
             nid = _add_node(s, nid, key[:hi], lo, tuple(pages[lo // P:hi // P]))
     if i < len(key):
         _commit_swa_leaf(s, nid, i, len(key), swa_evicted_seqlen)
-    hybrid.swa_refresh(s, nid)                  # 0.5.23: INSERT_END from the target node
+    swa_tree.swa_refresh(s, nid)                  # 0.5.23: INSERT_END from the target node
     return i
 
 
 def _commit_swa_leaf(s: State, leaf: int, start: int, end: int, swa_evicted_seqlen: int) -> None:
     """Borrow era `SWAComponent.commit_insert_component_data` on the fresh leaf
-    `[start, end)`: split at the SWA cursor (`hybrid.clip_to_window`), then the live part
-    capped at one page-aligned window (`hybrid.swa_lock_split`)."""
-    live_start = hybrid.clip_to_window(s, start, end, swa_evicted_seqlen)
+    `[start, end)`: split at the SWA cursor (`swa_tree.clip_to_window`), then the live part
+    capped at one page-aligned window (`swa_tree.swa_lock_split`)."""
+    live_start = swa_tree.clip_to_window(s, start, end, swa_evicted_seqlen)
     if live_start is None:
         return
     if live_start > start:
         _split_node(s, leaf, live_start - start)
-    cap = hybrid.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
+    cap = swa_tree.swa_lock_split(end - live_start, s.cfg.swa_window, s.cfg.page_size)
     if cap is not None:
-        hybrid.swa_insert_mru(s, _split_node(s, leaf, cap))     # older fragments publish first
-    hybrid.swa_insert_mru(s, leaf)
+        swa_tree.swa_insert_mru(s, _split_node(s, leaf, cap))     # older fragments publish first
+    swa_tree.swa_insert_mru(s, leaf)
 
 
 def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
@@ -154,19 +154,19 @@ def _recover_tombstones(s: State, key: tuple, pages: list, end: int, after: int,
     for its part at or past `swa_evicted_seqlen` (split there when it starts below it).
     Upstream keeps whichever full pages (the node's when locked, else the request's) and
     frees the others; the spec keeps the node's and moves the request's SWA page onto them
-    (`hybrid.adopt_swa`), the caller freeing the request's: the same state up to page
+    (`swa_tree.adopt_swa`), the caller freeing the request's: the same state up to page
     renaming."""
     P, nid, start = s.cfg.page_size, ROOT, 0
     while start < end:
         nid = dict.__getitem__(s.nodes, nid).children[_page_key(s, key, start)]
         n = dict.__getitem__(s.nodes, nid)
         stop = start + len(n.key)
-        if stop > after and hybrid.swa_tombstoned(s, n) and swa_evicted_seqlen < stop:
+        if stop > after and swa_tree.swa_tombstoned(s, n) and swa_evicted_seqlen < stop:
             lo = max(start, swa_evicted_seqlen)
             if lo > start:
                 _split_node(s, nid, lo - start)
-            hybrid.adopt_swa(s, s.nodes[nid].pages, pages[lo // P:stop // P])
-            hybrid.swa_insert_mru(s, nid)       # the recovered node's SWA value is stored
+            swa_tree.adopt_swa(s, s.nodes[nid].pages, pages[lo // P:stop // P])
+            swa_tree.swa_insert_mru(s, nid)       # the recovered node's SWA value is stored
         start = stop
 
 
@@ -237,7 +237,7 @@ def _evict_full(s: State, num_tokens: int) -> tuple:
         leaf = lru_leaf(s)
         if leaf is None:
             break
-        swa += 0 if hybrid.swa_tombstoned(s, leaf) else len(leaf.key)
+        swa += 0 if swa_tree.swa_tombstoned(s, leaf) else len(leaf.key)
         evicted += _delete_node(s, leaf)
         evicted += _delete_tombstone_parents(s, leaf)
     return evicted, swa
@@ -250,8 +250,8 @@ def _delete_tombstone_parents(s: State, leaf: Node) -> int:
     tokens."""
     evicted = 0
     parent = s.nodes[leaf.parent]
-    while (hybrid.swa_tree_on(s) and parent.id != ROOT and not parent.children and
-           parent.lock_ref == 0 and hybrid.swa_tombstoned(s, parent)) or \
+    while (swa_tree.swa_tree_on(s) and parent.id != ROOT and not parent.children and
+           parent.lock_ref == 0 and swa_tree.swa_tombstoned(s, parent)) or \
             mamba_tree.tombstone_leaf(s, parent):
         evicted += _delete_node(s, parent)
         parent = s.nodes[parent.parent]
@@ -279,7 +279,7 @@ def _evict_swa(s: State, num_tokens: int) -> None:
     childless."""
     evicted = 0
     while evicted < num_tokens:
-        x = hybrid.swa_evict_victim(s, lambda n: (n.tick, node_path(s, n.id)))
+        x = swa_tree.swa_evict_victim(s, lambda n: (n.tick, node_path(s, n.id)))
         if x is None:
             return
         evicted += len(x.key)
@@ -292,7 +292,7 @@ def _evict_swa_node(s: State, x: Node) -> None:
     is deleted, with the tombstoned parents it leaves childless (wrapper era; 0.5.23 keeps
     them: only the FULL value decides, `_delete_tombstone_parents` takes none there)."""
     if x.children or x.lock_ref > 0:
-        hybrid.free_swa(s, x.pages)
+        swa_pool.free_swa(s, x.pages)
     else:
         _delete_node(s, x)
         _delete_tombstone_parents(s, x)
@@ -335,22 +335,22 @@ def evict_for_alloc_swa(s: State, n: int) -> None:
     l.952-1027): the FULL walk deletes unlocked leaves, least recent first, until the full
     pool has n free; then, while the SWA pool has fewer than n free and the SWA tokens
     freed so far (the FULL walk's leaves counted) are below its shortfall, the SWA walk
-    over the SWA component's LRU (`hybrid.swa_evict_victim`, `_evict_swa_node`)."""
+    over the SWA component's LRU (`swa_tree.swa_evict_victim`, `_evict_swa_node`)."""
     P = s.cfg.page_size
     full_short = max(0, n - len(s.free_pages) * P)
-    swa_short = max(0, n - hybrid.swa_available_size(s))
+    swa_short = max(0, n - swa_pool.swa_available_size(s))
     swa_freed = 0
     while full_short and len(s.free_pages) * P < n:
         leaf = lru_leaf(s)
         if leaf is None:
             break
-        swa_freed += hybrid.swa_tokens(s, leaf)
+        swa_freed += swa_tree.swa_tokens(s, leaf)
         _delete_node(s, leaf)
-    while swa_short and swa_freed < swa_short and hybrid.swa_available_size(s) < n:
-        x = hybrid.swa_evict_victim(s, lambda m: (m.swa_tick, node_path(s, m.id)))
+    while swa_short and swa_freed < swa_short and swa_pool.swa_available_size(s) < n:
+        x = swa_tree.swa_evict_victim(s, lambda m: (m.swa_tick, node_path(s, m.id)))
         if x is None:
             return
-        swa_freed += hybrid.swa_tokens(s, x)
+        swa_freed += swa_tree.swa_tokens(s, x)
         _evict_swa_node(s, x)
 
 

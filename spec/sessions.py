@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from kvcheck.spec import hybrid, ops as O
+from kvcheck.spec import mamba_pool, ops as O, swa_pool
 from kvcheck.spec.allocator import _free_pages, _free_row_range
 from kvcheck.spec.caching import cache_finished_req_inner
 from kvcheck.spec.pages import ceil_align, free_kv_aligned_pages
@@ -56,7 +56,7 @@ def _free_kv_aligned(s: State, row: int, target: int, end: int, holder=None) -> 
     """Free row[ceil_align(target):end): the partial page stays attached."""
     r = s.rows[row]
     pages = free_kv_aligned_pages(target, end, s.cfg.page_size)
-    dead = hybrid.swa_dead_pages(s, holder, 0, end) if holder is not None else ()
+    dead = swa_pool.swa_dead_pages(s, holder, 0, end) if holder is not None else ()
     _free_pages(s, [r[k] for k in pages], full_only={r[k] for k in dead if k in pages})
 
 
@@ -66,16 +66,16 @@ def _free_tail(s: State, slot: Slot, req: Req, prefix_len: int) -> None:
     slot.committed = min(slot.committed, prefix_len)
     req.allocated = prefix_len
     req.committed = min(req.committed, prefix_len)
-    hybrid.clamp_swa_evicted(slot, prefix_len)
-    hybrid.clamp_swa_evicted(req, prefix_len)
+    swa_pool.clamp_swa_evicted(slot, prefix_len)
+    swa_pool.clamp_swa_evicted(req, prefix_len)
 
 
 def _trim_overshoot(s: State, req: Req, finished_len: int) -> None:
-    target = hybrid.swa_aligned_rewind(s, req, len(req.origin) + finished_len)
+    target = swa_pool.swa_aligned_rewind(s, req, len(req.origin) + finished_len)
     _free_kv_aligned(s, req.row, target, req.allocated, holder=req)
     req.allocated = min(req.allocated, target)
     req.committed = min(req.committed, target)
-    hybrid.clamp_swa_evicted(req, target)
+    swa_pool.clamp_swa_evicted(req, target)
     del req.output[finished_len:]
 
 
@@ -86,8 +86,8 @@ def _save_from_req(slot: Slot, req: Req, is_first: bool) -> None:
     if is_first:
         slot.last_node = req.last_node
         slot.protected = req.protected
-    hybrid.save_swa_fields(slot, req, is_first)
-    hybrid.move_mamba(slot, req, clear_src=True)
+    swa_pool.save_swa_fields(slot, req, is_first)
+    mamba_pool.move_mamba(slot, req, clear_src=True)
     req.row = None
     req.locked = False          # the first turn's lock now belongs to slot.last_node
 
@@ -97,8 +97,8 @@ def _restore_to_req(slot: Slot, req: Req) -> None:
     req.row = slot.row
     req.committed = slot.committed
     req.allocated = slot.allocated
-    hybrid.restore_swa_fields(slot, req)
-    hybrid.move_mamba(req, slot, clear_src=False)
+    swa_pool.restore_swa_fields(slot, req)
+    mamba_pool.move_mamba(req, slot, clear_src=False)
 
 
 def _mark_kv_freed(req: Req) -> None:
@@ -116,7 +116,7 @@ def release_session(s: State, sid: int) -> None:
         if slot.protected < slot.allocated:
             _free_row_range(s, slot.row, slot.protected, slot.allocated, holder=slot)
         s.free_rows.append(slot.row)
-    hybrid.free_mamba(s, slot)          # `_free_slot_mamba` (H7, #23496)
+    mamba_pool.free_mamba(s, slot)          # `_free_slot_mamba` (H7, #23496)
 
 
 def find_active_slot(s: State, req: Req):
@@ -241,7 +241,7 @@ def try_cache_finished_req(s: State, req: Req, *, checkpoint: bool = True) -> No
         if slot is None:                # first-turn mid-abort: ephemeral slot
             slot = Slot(row=req.row, allocated=req.allocated, last_node=req.last_node,
                         protected=req.protected, swa_uuid_for_lock=req.swa_uuid_for_lock)
-            hybrid.move_mamba(slot, req, clear_src=True)
+            mamba_pool.move_mamba(slot, req, clear_src=True)
             s.slots[sid] = slot
         slot.allocated = max(slot.allocated, req.allocated)
         req.locked = False              # the lock goes with the slot
@@ -283,7 +283,7 @@ def _release_plain(s: State, req: Req, is_insert: bool) -> None:
     if start < req.allocated:
         _free_row_range(s, req.row, start, req.allocated, holder=req)
     req.overallocated_freed = True
-    hybrid.free_mamba(s, req)           # `free_mamba_cache`: the tree keeps no Mamba state
+    mamba_pool.free_mamba(s, req)           # `free_mamba_cache`: the tree keeps no Mamba state
     s.free_rows.append(req.row)
     req.row = None
 

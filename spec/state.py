@@ -193,7 +193,8 @@ class Req:
                                             # does not say it is that request)
     logprob_start: int = -1                 # logprob_start_len as the scheduler resolved it
                                             # (-1: no cap on the prefix match)
-    # hybrid models (spec/hybrid.py; zero/None when config.swa_window / mamba_slots are 0)
+    # hybrid models (spec/swa_pool.py, spec/mamba_pool.py; zero/None when
+    # config.swa_window / mamba_slots are 0)
     swa_evicted_seqlen: int = 0             # [protected, here) has had its SWA KV freed
     swa_evict_floor: int = 0                # [0, here) never window-evicted (prefill_aware_swa)
     swa_uuid_for_lock: Optional[tuple] = None   # the SWA lock boundary taken with last_node
@@ -230,7 +231,7 @@ class Slot:
     protected: int = 0          # first turn's cache_protected_len
     last_node: Optional[tuple] = None   # first turn's radix node
     publishes: bool = False     # borrow era: publishes_prompt (taken, no turn handed back yet)
-    swa_uuid_for_lock: Optional[tuple] = None   # hybrid (spec/hybrid.py)
+    swa_uuid_for_lock: Optional[tuple] = None   # hybrid (spec/swa_tree.py)
     swa_evicted_seqlen: int = 0
     swa_evict_floor: int = 0
     mamba_pool_idx: Optional[int] = None
@@ -277,7 +278,8 @@ class State:
     slots: CowMap                 # sid -> Slot
     sessions: CowMap              # sid -> Session (open ones)
     tick: int = 0
-    # hybrid models (spec/hybrid.py): the SWA pool, full page -> SWA page, the Mamba pool
+    # hybrid models: the SWA pool, full page -> SWA page (spec/swa_pool.py), the Mamba pool
+    # (spec/mamba_pool.py)
     swa_free_pages: list = field(default_factory=list)
     full_to_swa_index_mapping: dict = field(default_factory=dict)
     mamba_free_slots: list = field(default_factory=list)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from kvcheck.spec.abstract import (AbstractState, NodeView, ReqView, SessionView, SlotView, build_content,
                            with_lru_ranks)
-from kvcheck.spec.hybrid import mamba_refs
+from kvcheck.spec.mamba_pool import mamba_refs
 from kvcheck.spec.pages import ceil_div
 from kvcheck.spec.state import ROOT, State
 from kvcheck.spec.radix_cache import evictable_leaves, node_path

@@ -1,12 +1,13 @@
-"""Hybrid models (spec/hybrid.py, impl/swa.py, impl/mamba.py): the SWA pool and window,
-the Mamba pool, their invariants I40-I45, and spec vs impl on drawn hybrid configs."""
+"""Hybrid models (spec/swa_pool.py, spec/swa_tree.py, spec/mamba_pool.py, impl/swa.py,
+impl/mamba.py): the SWA pool and window, the Mamba pool, their invariants I40-I45, and spec
+vs impl on drawn hybrid configs."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-from kvcheck.spec import hybrid as H
+from kvcheck.spec import mamba_pool, swa_pool, swa_tree
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config, ConfigError
 from kvcheck.spec.invariants import check_state
@@ -67,7 +68,7 @@ def test_window_frees_the_swa_kv_behind_it_from_the_second_decode_batch():
 def test_swa_evict_target(evicted, pre_len, window, p, want):
     """`max(cursor, pre_len - max(window, P))`, page-floored (common.py); a result not above
     the cursor frees nothing."""
-    assert H.swa_evict_target(evicted, pre_len, window, p) == want
+    assert swa_pool.swa_evict_target(evicted, pre_len, window, p) == want
 
 
 def test_swa_eviction_interval_skips_non_maintenance_steps():
@@ -83,12 +84,12 @@ def test_match_stops_where_the_window_has_no_swa_kv_behind_it():
     s = initial_state(replace(SWA_P1, swa_window=2))
     pages = [1, 2, 3, 4, 5, 6]
     s.full_to_swa_index_mapping = {1: 1, 2: 2, 4: 4, 5: 5, 6: 6}     # page 3 a tombstone
-    assert H.swa_match_len(s, pages) == 6       # 3 SWA pages after it >= window 2
-    assert H.swa_match_len(s, pages[:4]) == 2   # 1 < window after it: stop before it
+    assert swa_tree.swa_match_len(s, pages) == 6       # 3 SWA pages after it >= window 2
+    assert swa_tree.swa_match_len(s, pages[:4]) == 2   # 1 < window after it: stop before it
     s.full_to_swa_index_mapping = {1: 1, 3: 3, 4: 4}   # tombstones 2 and 5: exactly 2 between
-    assert H.swa_match_len(s, pages[:5]) == 4
+    assert swa_tree.swa_match_len(s, pages[:5]) == 4
     s.full_to_swa_index_mapping = {}
-    assert H.swa_match_len(s, pages) == 0
+    assert swa_tree.swa_match_len(s, pages) == 0
 
 
 TOMBSTONE_CFG = Config(page_size=1, num_pages=40, num_rows=3, swa_window=2)
@@ -138,7 +139,7 @@ def test_impl_evicts_past_a_tombstoned_leaf_until_the_swa_pool_has_the_tokens():
     ops = TOMBSTONE_DECODED + [O.Finish(1), O.SubmitRequest(2, tuple(range(20, 28)), 1),
                                O.Schedule(2), O.SubmitRequest(3, tuple(range(40, 53)), 2)]
     s = run(cfg, ops)
-    assert (len(s.swa_free_pages), s.evictable_size, H.swa_evictable_size(s)) == (1, 22, 19)
+    assert (len(s.swa_free_pages), s.evictable_size, swa_tree.swa_evictable_size(s)) == (1, 22, 19)
     s, out = step(s, O.Schedule(3))
     assert out == "ok" and s.evictable_size == 0        # both leaves went
     res = run_ops(cfg, ops + [O.Schedule(3)], ImplBackend(cfg))
@@ -160,8 +161,8 @@ def test_admission_counts_only_the_swa_kv_the_tree_can_give_back():
     ops = [O.SubmitRequest(1, (1, 2, 3, 4, 5, 6, 7, 8), 10), O.Schedule(1)] + \
         [O.Decode(1, 2)] * 6 + [O.Finish(1)]
     s = run(cfg, ops)
-    assert (len(s.swa_free_pages), s.evictable_size, H.swa_evictable_size(s)) == (4, 14, 10)
-    assert H.swa_admission_short(s, 15) and not H.swa_admission_short(s, 14)
+    assert (len(s.swa_free_pages), s.evictable_size, swa_tree.swa_evictable_size(s)) == (4, 14, 10)
+    assert swa_tree.swa_admission_short(s, 15) and not swa_tree.swa_admission_short(s, 14)
     s = run_from(s, [O.SubmitRequest(2, (9,) * 14, 2)])
     assert step(s, O.Schedule(2))[1] == "ok"
     big = run(cfg, ops + [O.SubmitRequest(3, (9,) * 15, 2)])
@@ -190,7 +191,7 @@ def test_window_lemmas_are_proved_and_their_controls_refuted(i):
 
 
 def test_the_window_lemma_is_about_the_real_function():
-    """The z3 term evaluates to what kvcheck.spec.hybrid.swa_evict_target returns."""
+    """The z3 term evaluates to what kvcheck.spec.swa_pool.swa_evict_target returns."""
     import z3
     from kvcheck.proofs.hybrid_lemmas import HYB
     from kvcheck.proofs.lemmas import S
@@ -198,11 +199,12 @@ def test_the_window_lemma_is_about_the_real_function():
     term = S(HYB, "swa_evict_target", e, pre, w, p)
     for args in [(0, 7, 3, 1), (0, 13, 1, 4), (3, 9, 2, 2), (8, 9, 3, 4), (2, 6, 5, 4)]:
         sub = list(zip((e, pre, w, p), map(z3.IntVal, args)))
-        assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target(*args)
+        assert z3.simplify(z3.substitute(term, *sub)).as_long() == swa_pool.swa_evict_target(*args)
     for args in [(0, 13, 5, 4), (0, 9, 3, 2), (4, 9, 3, 2), (0, 7, 3, 1)]:
         term = S(HYB, "swa_evict_target_borrow", e, pre, w, args[3])
         sub = list(zip((e, pre, w), map(z3.IntVal, args[:3])))
-        assert z3.simplify(z3.substitute(term, *sub)).as_long() == H.swa_evict_target_borrow(*args)
+        want = swa_pool.swa_evict_target_borrow(*args)
+        assert z3.simplify(z3.substitute(term, *sub)).as_long() == want
 
 
 # -- Mamba --------------------------------------------------------------------------------
@@ -211,12 +213,12 @@ def test_mamba_state_goes_request_to_slot_to_request_and_back_on_close():
     cfg = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=3, mamba_extra_buffer="eager",
                  overlap=True)
     s = run(cfg, turn1(decodes=1))
-    assert H.mamba_refs(s.reqs[1]) == (1, 2, 3) and s.mamba_free_slots == []
+    assert mamba_pool.mamba_refs(s.reqs[1]) == (1, 2, 3) and s.mamba_free_slots == []
     s, _ = step(s, O.Finish(1))
-    assert H.mamba_refs(s.slots[1]) == (1, 2, 3)
+    assert mamba_pool.mamba_refs(s.slots[1]) == (1, 2, 3)
     s, _ = step(s, O.SubmitTurn(1, 2, (7,), 2))
     s, _ = step(s, O.Schedule(2))               # restored: no new slot taken
-    assert H.mamba_refs(s.reqs[2]) == (1, 2, 3) and s.mamba_free_slots == []
+    assert mamba_pool.mamba_refs(s.reqs[2]) == (1, 2, 3) and s.mamba_free_slots == []
     s, _ = step(s, O.AbortRunning(2))           # nth mid-abort: release_session frees them
     assert sorted(s.mamba_free_slots) == [1, 2, 3] and not s.slots
 
@@ -225,7 +227,7 @@ def test_first_turn_mid_abort_returns_mamba_through_the_ephemeral_slot():
     cfg = Config(page_size=1, num_pages=40, num_rows=3, mamba_slots=2, mamba_extra_buffer="lazy",
                  overlap=True)
     s = run(cfg, turn1(decodes=1))
-    assert H.mamba_refs(s.reqs[1]) == (1, 2, H.EMPTY_TRACK)
+    assert mamba_pool.mamba_refs(s.reqs[1]) == (1, 2, mamba_pool.EMPTY_TRACK)
     s, _ = step(s, O.AbortRunning(1))
     assert sorted(s.mamba_free_slots) == [1, 2]         # the -1 sentinel is not freed
 
@@ -250,7 +252,7 @@ SWA_B = replace(SWA_P1, era="borrow")
     (0, 7, 3, 4, True), (0, 6, 3, 4, False)])
 def test_borrow_eviction_is_due_by_distance(cursor, pre_len, window, interval, due):
     """0.5.23 `_swa_eviction_trigger`: `pre_len - window >= cursor + interval`."""
-    assert H.swa_evict_due(cursor, pre_len, window, interval) is due
+    assert swa_pool.swa_evict_due(cursor, pre_len, window, interval) is due
 
 
 @pytest.mark.parametrize("evicted, pre_len, window, p, want", [
@@ -259,13 +261,13 @@ def test_borrow_eviction_is_due_by_distance(cursor, pre_len, window, interval, d
 def test_borrow_evict_target_keeps_ceil_aligned_window(evicted, pre_len, window, p, want):
     """0.5.23 keeps `ceil_align(max(window, P), P)` (0.5.15: `max(window, P)`; they differ
     when the window is not a multiple of P: (0, 13, 5, 4) is 8 on 0.5.15)."""
-    assert H.swa_evict_target_borrow(evicted, pre_len, window, p) == want
-    assert H.swa_evict_target(0, 13, 5, 4) == 8
+    assert swa_pool.swa_evict_target_borrow(evicted, pre_len, window, p) == want
+    assert swa_pool.swa_evict_target(0, 13, 5, 4) == 8
 
 
 @pytest.mark.parametrize("protected, floor, p, want", [(0, 0, 1, 0), (8, 0, 4, 8), (8, 9, 4, 12), (4, 2, 4, 4)])
 def test_swa_dead_lo(protected, floor, p, want):
-    assert H.swa_dead_lo(protected, floor, p) == want
+    assert swa_pool.swa_dead_lo(protected, floor, p) == want
 
 
 def test_borrow_window_waits_for_interval_tokens_not_steps():
@@ -291,7 +293,7 @@ def test_borrow_release_frees_the_window_freed_range_full_side_only():
     s = run(SWA_B, ops[:-1])
     slot = s.slots[1]
     assert slot.swa_evicted_seqlen > slot.protected
-    dead = H.swa_dead_pages(s, slot, slot.protected, slot.allocated)
+    dead = swa_pool.swa_dead_pages(s, slot, slot.protected, slot.allocated)
     assert dead and all(s.rows[slot.row][k] not in s.full_to_swa_index_mapping for k in dead)
     s = run(SWA_B, ops)
     a = abstract(s)
@@ -358,9 +360,9 @@ def test_prefill_aware_swa_needs_borrow_era_swa_and_is_omitted_at_its_default():
 def test_mamba_ping_pong_empty_names_the_sentinel_entries():
     from types import SimpleNamespace
     r = SimpleNamespace(mamba_ping_pong_track_buffer=None)
-    assert H.mamba_ping_pong_empty(r) is None
-    r.mamba_ping_pong_track_buffer = (3, H.EMPTY_TRACK)
-    assert H.mamba_ping_pong_empty(r) == [False, True]
+    assert mamba_pool.mamba_ping_pong_empty(r) is None
+    r.mamba_ping_pong_track_buffer = (3, mamba_pool.EMPTY_TRACK)
+    assert mamba_pool.mamba_ping_pong_empty(r) == [False, True]
 
 
 def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
@@ -486,7 +488,7 @@ SWA_B4 = Config(page_size=2, num_pages=24, num_rows=4, swa_window=4, era="borrow
 
 def _tree(s):
     """(path length, key length, tombstoned) of every node, by path length."""
-    return sorted((len(n.path), len(n.key), H.swa_tombstoned(s, n))
+    return sorted((len(n.path), len(n.key), swa_tree.swa_tombstoned(s, n))
                   for n in s.nodes.values() if n.id != 0)
 
 
@@ -508,5 +510,5 @@ def test_borrow_checkpoint_caps_the_live_leaf_at_one_window():
     s = run(SWA_B4, [O.SubmitRequest(1, tuple(range(1, 13)), 4), O.Schedule(1)])
     assert [(p, k) for p, k, _ in _tree(s)] == [(6, 6), (8, 2), (12, 4)]
     assert s.reqs[1].swa_uuid_for_lock == s.reqs[1].last_node
-    assert H.swa_lock_split(6, 4, 2) == 2 and H.swa_lock_split(4, 4, 2) is None
-    assert H.swa_lock_split(6, 3, 2) == 2 and H.swa_lock_split(5, 3, 1) == 2
+    assert swa_tree.swa_lock_split(6, 4, 2) == 2 and swa_tree.swa_lock_split(4, 4, 2) is None
+    assert swa_tree.swa_lock_split(6, 3, 2) == 2 and swa_tree.swa_lock_split(5, 3, 1) == 2

@@ -102,6 +102,21 @@ def test_every_state_invariant_has_a_corruption_test():
         set(corruptions()) | set(hybrid_corruptions()) | set(mamba_tree_corruptions())
 
 
+def test_every_declared_check_is_in_a_table():
+    """A check declared with `invariant` in spec/invariants_*.py runs only if a table of
+    spec/invariants.py lists it."""
+    import importlib
+    from pathlib import Path
+
+    import kvcheck.spec
+    listed = {i.check for i in STATE_INVARIANTS + STEP_INVARIANTS}
+    declared = set()
+    for f in Path(kvcheck.spec.__path__[0]).glob("invariants_*.py"):
+        m = importlib.import_module(f"kvcheck.spec.{f.stem}")
+        declared |= {fn for fn in vars(m).values() if hasattr(fn, "inv_id")}
+    assert declared == listed, sorted(fn.inv_id for fn in declared ^ listed)
+
+
 def test_step_invariants_fire():
     b = W
     # I10: a slot's protected length moved

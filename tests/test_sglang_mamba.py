@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvcheck.spec import hybrid as H
+from kvcheck.spec import mamba_pool
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config, ConfigError
 from kvcheck.spec.model import initial_state, step
@@ -29,10 +29,10 @@ def test_borrow_slot_takes_the_turns_mamba_refs_at_take():
     s = initial_state(BORROW)
     for op in FIRST_TURN:
         s, _ = step(s, op)
-    assert H.mamba_refs(s.reqs[1]) == (1, 2, 3)
-    assert H.mamba_refs(s.slots[1]) == (1, 2, 3)
+    assert mamba_pool.mamba_refs(s.reqs[1]) == (1, 2, 3)
+    assert mamba_pool.mamba_refs(s.slots[1]) == (1, 2, 3)
     s, _ = step(s, O.Finish(1))
-    assert H.mamba_refs(s.slots[1]) == (1, 2, 3) and s.mamba_free_slots == [4]
+    assert mamba_pool.mamba_refs(s.slots[1]) == (1, 2, 3) and s.mamba_free_slots == [4]
     s, _ = step(s, O.CloseSession(1))
     assert sorted(s.mamba_free_slots) == [1, 2, 3, 4]
 
@@ -93,7 +93,7 @@ def test_disabled_tree_matches_and_keeps_nothing_and_frees_the_mamba_state():
     (r2,) = a.reqs
     assert not a.nodes and r2.protected == 0 and r2.anchor == ("root",)
     # rid 1's state and track slot went back; rid 2 holds a state and a lazy buffer
-    assert len(a.mamba_free) == 2 and len(r2.mamba) == 3 and r2.mamba[2] == H.EMPTY_TRACK
+    assert len(a.mamba_free) == 2 and len(r2.mamba) == 3 and r2.mamba[2] == mamba_pool.EMPTY_TRACK
     s, _ = step(s, O.Finish(2))
     assert len(s.free_pages) == NO_RADIX.num_pages and sorted(s.mamba_free_slots) == [1, 2, 3, 4]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvcheck.spec.config import Config
-from kvcheck.spec.hybrid import swa_tombstone_cut
+from kvcheck.spec.swa_tree import swa_tombstone_cut
 from kvcheck.spec.state import initial_state
 
 ROOT = Path(__file__).resolve().parents[1]

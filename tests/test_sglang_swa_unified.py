@@ -94,7 +94,7 @@ def test_a_window_wider_than_every_sequence_agrees_with_0523():
 
 
 def test_prompt_split_only_for_a_full_only_tree():
-    from kvcheck.spec.hybrid import prompt_split_on
+    from kvcheck.spec.swa_tree import prompt_split_on
     from kvcheck.spec.state import initial_state
     assert prompt_split_on(initial_state(Config(era="borrow")))
     assert not prompt_split_on(initial_state(WIDE))

@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import types
 
-from kvcheck.spec.hybrid import swa_keep
+from kvcheck.spec.swa_pool import swa_keep
 
 
 def refusal(cfg, api: str, version: str = ""):
@@ -169,7 +169,7 @@ def filters_before_prefill(version) -> bool:
 
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
-    (kvcheck.spec.hybrid.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
+    (kvcheck.spec.swa_pool.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22
     keeps `max(window, P)`, which is the same when that is a page multiple."""
     return not (0, 5, 22) <= release_tuple(version) < (0, 5, 23)
 
@@ -300,8 +300,8 @@ PROBE_OPS = "submit_request 1; schedule 1; decode 1; finish 1; submit_request 2 
 
 
 def mamba_short(pool, req, tree=None) -> bool:
-    """The admission glue's Mamba check (the spec's `kvcheck.spec.hybrid.mamba_short`): the slots
-    `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
+    """The admission glue's Mamba check (the spec's `kvcheck.spec.mamba_pool.mamba_short`): the
+    slots `alloc` would take for req exceed the free ones. With a Mamba tree component (`tree`,
     `kvcheck.spec.mamba_tree.admission_short`): those plus the checkpoint copy exceed the free
     slots and the tree's unlocked states (`mamba_evictable_size`)."""
     alloc = getattr(pool, "mamba_allocator", None)

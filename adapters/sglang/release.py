@@ -83,7 +83,7 @@ def detect_api() -> str:
                 "page-aligned prompt: 0.5.20 unified_radix_cache.py cache_finished_req, "
                 "prompt_key at l.1030; 0.5.21 insert_req, l.1062) while its sessions keep the wrapper design (no "
                 "StreamingSession.take); the spec splits there in the borrow era only "
-                "(spec/hybrid.py prompt_split_on), so its wrapper era would differ from this "
+                "(spec/swa_tree.py prompt_split_on), so its wrapper era would differ from this "
                 "release in the tree's shape and what eviction frees: sglang 0.5.20-0.5.21 "
                 "are not driven (docs/upstream-findings.md, \"Releases between\")")
     return "flat"

@@ -162,7 +162,7 @@ SWA_NO_FLOOR = ("swa-no-prefill-aware", "swa-full-pool", "swa-window-pages")
 """SWA kinds drawn without 0.5.23's prefill-aware SWA (which the release pairs only with an
 all-SWA model: the sglang adapter refuses it, docs/semantics.md W1). "swa-window-pages" also
 rounds a window wider than a page up to whole pages, where 0.5.22's SWA keep
-(`max(window, P)`) is 0.5.23's (`ceil_align(max(window, P), P)`, kvcheck.spec.hybrid.swa_keep)."""
+(`max(window, P)`) is 0.5.23's (`ceil_align(max(window, P), P)`, kvcheck.spec.swa_pool.swa_keep)."""
 
 EXTRA_BUFFERS = ("off", "off", "eager", "lazy")
 NO_LAZY = ("off", "off", "eager")

@@ -137,7 +137,7 @@ def _slot_lends_row(cfg, b, op, out, a):
 
 
 def _swa_window_freed(cfg, b, op, out, a):
-    """A decode step moved a request's SWA window cursor (spec/hybrid.py)."""
+    """A decode step moved a request's SWA window cursor (spec/swa_pool.py)."""
     r, q = b.reqs.get(getattr(op, "rid", None)), a.reqs.get(getattr(op, "rid", None))
     return r is not None and q is not None and q.swa_evicted_seqlen > max(r.swa_evicted_seqlen,
                                                                             r.protected)
@@ -149,7 +149,7 @@ def _swa_cursor_restored(cfg, b, op, out, a):
 
 
 def _mamba_pool_short(cfg, b, op, out, a):
-    from kvcheck.spec.hybrid import mamba_short
+    from kvcheck.spec.mamba_pool import mamba_short
     r = b.reqs.get(getattr(op, "rid", None))
     return isinstance(op, O.Schedule) and op.admit and out == "rejected" and r is not None \
         and mamba_short(b, r)

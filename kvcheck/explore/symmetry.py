@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Optional
 
-from kvcheck.spec import hybrid as H
+from kvcheck.spec import swa_tree
 from kvcheck.spec.state import ROOT, State
 
 # ---------------------------------------------------------------------------
@@ -233,9 +233,10 @@ def _first(x):
 
 
 def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
-    """The hybrid fields (spec/hybrid.py) under the same renaming: SWA pages by the full
-    page that maps to them, Mamba slots by first appearance; a page nothing else labels
-    keeps its id (less reduction, never a wrong merge)."""
+    """The hybrid fields (spec/swa_pool.py, spec/swa_tree.py, spec/mamba_pool.py) under the
+    same renaming: SWA pages by the full page that maps to them, Mamba slots by first
+    appearance; a page nothing else labels keeps its id (less reduction, never a wrong
+    merge)."""
     swa = {}
     smap = tuple(sorted((pages.get(f, ("id", f)), swa.setdefault(w, len(swa) + 1))
                         for f, w in sorted(s.full_to_swa_index_mapping.items(),
@@ -248,9 +249,9 @@ def _hybrid_key(s: State, pages: dict, rid_l: dict, sid_l: dict) -> tuple:
         mrank = {t: i for i, t in enumerate(sorted({n.mamba_tick for _, n in held}))}
         tree = tuple((pth, None if n.mamba_value is None else mamba.setdefault(n.mamba_value, len(mamba)),
                       n.mamba_lock_ref, mrank[n.mamba_tick]) for pth, n in held)
-    if H.swa_lru_on(s):         # 0.5.23's SWA LRU: each SWA holder's rank
+    if swa_tree.swa_lru_on(s):         # 0.5.23's SWA LRU: each SWA holder's rank
         live = sorted((n.path, n.swa_tick) for n in dict.values(s.nodes)
-                      if n.id and H.swa_tokens(s, n))
+                      if n.id and swa_tree.swa_tokens(s, n))
         srank = {t: i for i, t in enumerate(sorted({t for _, t in live}))}
         tree += tuple((pth, srank[t]) for pth, t in live)
     reqs = tuple((rid_l[rid], r.swa_evicted_seqlen, r.decode_batch_idx,
