@@ -22,8 +22,9 @@ from kvcheck.impl.session_controller import SessionController
 from kvcheck.impl.mamba import HybridReqToTokenPool
 from kvcheck.impl.mamba_tree import MambaComponent
 from kvcheck.impl.streaming_session import StreamingSession
-from kvcheck.impl.swa import (SWARadixCache, SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
-                      set_swa_evict_floor, swa_eviction_due, swa_lock_boundary)
+from kvcheck.impl.swa import (SWATokenToKVPoolAllocator, free_swa_out_of_window_slots,
+                      set_swa_evict_floor, swa_eviction_due)
+from kvcheck.impl.swa_radix_cache import SWARadixCache, swa_lock_boundary
 
 ERAS = ("wrapper", "borrow")
 
@@ -137,7 +138,7 @@ class Scheduler:
         # checkpoint_into_tree splits at the prompt for a FULL-only tree only
         # (kvcheck.spec.hybrid.prompt_split_on): no SWA or Mamba component
         self.radix_cache.full_only = not swa_window and not mamba_slots
-        if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa.py)
+        if swa_window:      # who holds tree locks, for the SWA lock walk (impl/swa_radix_cache.py)
             self.radix_cache.lock_holders = self._lock_holders
         self.session_controller = SessionController(self.tree_cache)
         self.reqs: dict[int, Req] = {}        # live requests: queued, prefill, decode

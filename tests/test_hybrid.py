@@ -115,7 +115,7 @@ def test_a_plain_request_matches_only_the_usable_prefix_of_a_tombstoned_path():
 def test_impl_matches_a_tombstoned_path_as_the_spec_does():
     """The sequence above in lockstep on impl/: `SWARadixCache.match_prefix`'s re-match and
     `_swa_usable_len`'s tombstone arcs, which no generated sequence reaches
-    (docs/coverage.md, impl/swa.py:232->233, :241->242, :242->243, :242->244)."""
+    (docs/coverage.md, impl/swa_radix_cache.py `_swa_usable_len`)."""
     from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     # a tight SWA pool: request 2's re-matched extend (5 tokens, not 1) must evict, so a
