@@ -365,7 +365,7 @@ def test_mamba_ping_pong_empty_names_the_sentinel_entries():
 
 def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     swa = 0
     for i in range(12):         # 48 steps each (a few seconds); the campaigns run more
@@ -446,7 +446,7 @@ def test_hybrid_invariants_are_silent_when_hybrid_is_off():
 
 def test_spec_and_impl_agree_on_drawn_hybrid_configs():
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     stats, hybrid = Stats(), 0
     for i in range(40):
