@@ -16,7 +16,7 @@ import time
 
 from kvcheck import checker
 from kvcheck.backends import config_kw
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import walk
 
 

@@ -32,7 +32,7 @@ from hypothesis import Phase, Verbosity, seed, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from kvcheck.engines import hypothesis_machine as M
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import walk
 
 

@@ -38,7 +38,7 @@ def _kind(f) -> str:
 def main(argv=None) -> int:
     from kvcheck.adapters.sglang.findings import known_trigger
     from kvcheck.adapters.sglang.proxy import SglangProxy
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     ap = argparse.ArgumentParser()
     ap.add_argument("--walks", type=int, default=40)

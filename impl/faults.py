@@ -98,7 +98,7 @@ FAULTS: dict[str, str] = {
         "drops its own as if donated instead of free_mamba_cache: the slot leaks (I44)",
     "swa_dead_lo_ignores_floor":
         "0.5.23 ReqKvInfo.swa_dead_lo ignores swa_evict_floor (prefill-aware SWA): window eviction frees the prompt's SWA KV (D1)",
-    # scheduling rounds (impl/scheduler.py schedule_round, decode_round)
+    # scheduling rounds (impl/schedule_policy.py, impl/running_batch.py, impl/scheduler.py decode_round)
     "round_kv_budget_not_shared":
         "PrefillAdder forgets what earlier requests of the round reserved: each is admitted against "
         "the whole free and evictable KV, and the batch's allocation fails after admission (E1)",

@@ -37,7 +37,7 @@ class TreeNode:
         self.mamba_value: Optional[torch.Tensor] = None
         self.mamba_lock_ref = 0
         self.mamba_tick = 0
-        self.swa_tick = 0                   # 0.5.23's SWA LRU position (impl/swa.py)
+        self.swa_tick = 0                   # 0.5.23's SWA LRU position (impl/swa_radix_cache.py)
 
     def path(self) -> tuple:
         """The full key from the root (kept for a node already evicted, which a queued
@@ -237,15 +237,15 @@ class RadixCache:
 
     def update_component_on_insert_overlap(self, key: tuple, value: torch.Tensor, end: int) -> None:
         """After the walk over the existing `key[:end]`, before the new leaf: the hybrid
-        trees' hook (impl/swa.py); nothing here."""
+        trees' hook (impl/swa_radix_cache.py); nothing here."""
 
     def prepare_for_caching_req(self, req, n: int):
         """The insert length a checkpoint of `req` caps `n` tokens at, or None (no cap):
-        the hybrid trees' hook (impl/swa.py); none here."""
+        the hybrid trees' hook (impl/swa_radix_cache.py); none here."""
         return None
 
     def cleanup_after_caching_req(self, req, cap, finished: bool) -> None:
-        """After a checkpoint capped at `cap`: the hybrid trees' hook (impl/swa.py)."""
+        """After a checkpoint capped at `cap`: the hybrid trees' hook (impl/swa_radix_cache.py)."""
 
     def path_indices(self, node) -> torch.Tensor:
         """`path_device_indices`: the KV indices from the root down to node."""

@@ -42,7 +42,7 @@ class Req:
         self.swa_evicted_seqlen = 0
         self.swa_evict_floor = 0               # prefill-aware SWA (impl/swa.py); kept on retract
         self.swa_uuid_for_lock = None
-        self.swa_branching_seqlen: Optional[int] = None     # borrow era (impl/swa.py)
+        self.swa_branching_seqlen: Optional[int] = None     # borrow era (impl/swa_radix_cache.py)
         self.decode_batch_idx = 0
         self.mamba_pool_idx: Optional[torch.Tensor] = None
         self.mamba_ping_pong_track_buffer: Optional[torch.Tensor] = None

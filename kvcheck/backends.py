@@ -30,7 +30,7 @@ def release_era(name: str):
 
 
 def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
-    """The generators' configuration constraints for a backend (gen.draw_config keywords):
+    """The generators' configuration constraints for a backend (configs.draw_config keywords):
     its era, `--accept`, and the hybrid models it can drive (the sglang adapter drives the
     Mamba pool on the wrapper era without the lazy track buffer, whose finding M1 is
     checked by its trace (docs/upstream-findings.md), over a plain tree or 0.5.15's

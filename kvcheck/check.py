@@ -138,10 +138,10 @@ def differential_part(backend: str, out, examples: int, engine: str, accept=(),
     """`check`'s differential run: a fixed seed and a count budget (the same sequences on
     every machine); the first failure is reported at once, then shrunk by kvcheck (never
     by Hypothesis). (ok, detail): not ok on a failure, or when an operation or one of
-    gen.PATHS (the retry of a retracted request, ...) was never reached. `beyond`, if
+    stats.PATHS (the retry of a retracted request, ...) was never reached. `beyond`, if
     given, receives the run's sequences beyond the accepted findings' model (--json)."""
     from kvcheck.backends import known_findings
-    from kvcheck.engines.gen import PATHS, beyond_line, differed_lines
+    from kvcheck.engines.stats import PATHS, beyond_line, differed_lines
     from kvcheck.fuzz import Console, fuzz
     from kvcheck.spec.ops import OP_NAMES
     rep = fuzz(None, CHECK_SEED, backend, out, rounds=max(1, examples), engine=engine,
@@ -273,7 +273,7 @@ def explore_part(name: str, preset: str, scope: str, out: Path, backend: str = "
     the spec and B side by side). The reachability goals are the spec exploration's (B
     spec) only."""
     from kvcheck import explore_cmd as X
-    from kvcheck.engines.gen import differed_lines
+    from kvcheck.engines.stats import differed_lines
     p = argparse.ArgumentParser()
     X.add_arguments(p)
     ns = p.parse_args(["--preset", preset, "--scope", scope, "--out", str(out / "explore"),

@@ -170,7 +170,7 @@ def _check_transitions(res: Result, args, traces: list) -> int:
     step, whose trace and HTML report are written as a violation's are)."""
     from kvcheck.backends import BackendError, planted_upstream, resolve
     from kvcheck.engines.exhaustive import ForkError, check_transitions
-    from kvcheck.engines.gen import differed_lines
+    from kvcheck.engines.stats import differed_lines
     from kvcheck.trace import beyond_trace, failure_trace
 
     def prog(rep, el):

@@ -36,7 +36,7 @@ from kvcheck.backends import planted_upstream
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
-from kvcheck.engines.gen import Stats, beyond_line, differed_lines
+from kvcheck.engines.stats import Stats, beyond_line, differed_lines
 from kvcheck.shrink import DEFAULT_REPLAYS, shrink
 from kvcheck.trace import beyond_trace, failure_trace
 from kvcheck.spec.ops import OP_NAMES

@@ -9,7 +9,8 @@ import random
 from kvcheck.adapters.sglang.findings import leaves_one_turn_per_session
 from kvcheck.backends import config_kw
 from kvcheck.checker import Lockstep
-from kvcheck.engines.gen import RandomDrawer, Stats
+from kvcheck.engines.draw import RandomDrawer
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import draw_findings, draw_plan, plan_rng, walk
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config

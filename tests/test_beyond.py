@@ -17,7 +17,7 @@ import pytest
 import kvcheck.spec.model as M
 from kvcheck.checker import SPEC_ASSERTION, Lockstep, run_ops
 from kvcheck.check import differential_part
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import walk
 from kvcheck.fuzz import fuzz
 from kvcheck.spec import ops as O
@@ -307,7 +307,7 @@ def test_explore_writes_the_first_stop_of_each_kind_where_the_release_differed(v
 
 
 def test_the_system_under_test_is_run_alone_on_the_step_the_spec_stops_at(spec_alone):
-    from kvcheck.engines.gen import beyond_line
+    from kvcheck.engines.stats import beyond_line
     same = run_ops(U1, U1_THEN_CLOSE, spec_alone(U1), backend_name="upstream")
     assert same.ok and same.beyond.step == 4 and same.beyond.release == "the same"
     assert not same.beyond.release_differs

@@ -7,21 +7,21 @@ import pytest
 
 from kvcheck import cli
 from kvcheck.check import MIN_EXAMPLES, differential_part
-from kvcheck.engines import gen
+from kvcheck.engines import stats
 
 
 def test_make_checks_budget_reaches_every_path(tmp_path):
     args = cli.build_parser().parse_args(["check", "--out", str(tmp_path)])   # make check's
     ok, detail = differential_part(args.backend, args.out, args.examples, args.engine)
     assert ok, detail
-    for path in gen.PATHS:
+    for path in stats.PATHS:
         assert f"{path} " in detail
     steps = int(detail.split(" steps")[0].split(", ")[-1])
     assert steps / args.examples >= 50, detail       # longer sequences than the old ~16-44
 
 
 def test_a_path_not_reached_fails_the_part(tmp_path, monkeypatch):
-    monkeypatch.setitem(gen.PATHS, "never", lambda state, op: False)
+    monkeypatch.setitem(stats.PATHS, "never", lambda state, op: False)
     ok, detail = differential_part("impl", tmp_path, 2, "walk")
     assert not ok and "NOT REACHED" in detail and "'never'" in detail
 

@@ -37,7 +37,7 @@ def test_same_findings_with_and_without_reuse(path, monkeypatch):
 
 def test_walks_agree_with_and_without_reuse(monkeypatch):
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
 
     def run():

@@ -130,7 +130,8 @@ def test_a_lazy_track_buffer_is_drawn_with_the_overlap_scheduler():
     """Without overlap a lazy buffer is an eager one (one slot, no -1 entry), so the
     -1 entry `lazy_track_frees_sentinel` frees would be drawn half as often."""
     import random
-    from kvcheck.engines.gen import RandomDrawer, draw_config
+    from kvcheck.engines.configs import draw_config
+    from kvcheck.engines.draw import RandomDrawer
     d = RandomDrawer(random.Random(0))
     cfgs = [draw_config(d, hybrid=True, hybrid_kinds=("mamba",), spec_enabled=False)
             for _ in range(200)]
@@ -145,7 +146,8 @@ def test_the_mamba_tree_gets_a_fair_share_of_drawn_configs():
     alone, each keeping its era (0.5.15's MambaRadixCache on the wrapper era);
     wrapper-era Mamba-only configs keep a share, and an era asked for stays."""
     import random
-    from kvcheck.engines.gen import RandomDrawer, draw_config
+    from kvcheck.engines.configs import draw_config
+    from kvcheck.engines.draw import RandomDrawer
     d = RandomDrawer(random.Random(0))
     cfgs = [draw_config(d) for _ in range(900)]
     tree = [c for c in cfgs if c.mamba_tree]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.checker import run_ops
 from kvcheck.engines.walk import walk
 from kvcheck.trace import load

@@ -10,12 +10,12 @@ import random
 import pytest
 
 from kvcheck.engines import ENGINES
-from kvcheck.engines.gen import Stats
 from kvcheck.engines import guided as G
-from kvcheck.engines.gen import RandomDrawer
+from kvcheck.engines.draw import RandomDrawer
 from kvcheck.engines.guided import (MUTATIONS, Entry, Guided, change_argument, change_config,
                                     derive, effect_features, pick, plan_traits, shape,
                                     step_features)
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import draw_plan, plan_rng, walk
 from kvcheck.spec.model import step
 from kvcheck.spec.state import initial_state

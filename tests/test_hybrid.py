@@ -116,7 +116,7 @@ def test_a_plain_request_matches_only_the_usable_prefix_of_a_tombstoned_path():
 def test_impl_matches_a_tombstoned_path_as_the_spec_does():
     """The sequence above in lockstep on impl/: `SWARadixCache.match_prefix`'s re-match and
     `_swa_usable_len`'s tombstone arcs, which no generated sequence reaches
-    (docs/coverage.md, impl/swa.py:232->233, :241->242, :242->243, :242->244)."""
+    (docs/coverage.md, impl/swa_radix_cache.py `_swa_usable_len`)."""
     from kvcheck.adapters.impl import ImplBackend
     from kvcheck.checker import run_ops
     # a tight SWA pool: request 2's re-matched extend (5 tokens, not 1) must evict, so a
@@ -367,7 +367,7 @@ def test_mamba_ping_pong_empty_names_the_sentinel_entries():
 
 def test_spec_and_impl_agree_on_drawn_borrow_era_hybrid_configs():
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     swa = 0
     for i in range(12):         # 48 steps each (a few seconds); the campaigns run more
@@ -448,7 +448,7 @@ def test_hybrid_invariants_are_silent_when_hybrid_is_off():
 
 def test_spec_and_impl_agree_on_drawn_hybrid_configs():
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     stats, hybrid = Stats(), 0
     for i in range(40):

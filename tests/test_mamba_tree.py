@@ -174,7 +174,7 @@ def test_cow_guard_refuses_a_schedule_that_could_assert():
 def test_spec_and_impl_agree_on_drawn_mamba_tree_configs(era):
     """0.5.23's component (borrow) and 0.5.15's MambaRadixCache (wrapper)."""
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     stats = Stats()
     for i in range(30):

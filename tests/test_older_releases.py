@@ -20,7 +20,8 @@ from kvcheck.adapters.sglang.hybrid import release_tuple
 from kvcheck import explore as E
 from kvcheck.backends import config_kw, release_era, release_refusal
 from kvcheck.check import differential_preset
-from kvcheck.engines.gen import RandomDrawer, draw_config
+from kvcheck.engines.configs import draw_config
+from kvcheck.engines.draw import RandomDrawer
 from kvcheck.spec.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 
 from kvcheck.adapters.impl import ImplBackend
 from kvcheck.checker import run_ops
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import walk
 from kvcheck.impl import faults
 from kvcheck.spec import ops as O

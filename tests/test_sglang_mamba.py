@@ -106,7 +106,7 @@ def test_disabled_tree_is_the_borrow_eras_only():
 
 def test_spec_and_impl_agree_on_drawn_disabled_tree_mamba_configs():
     from kvcheck.adapters.impl import ImplBackend
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     for i in range(6):          # 48 steps each, about a second in all
         seq = walk(7, i, ImplBackend, "impl", Stats(), length=48, config_kw={
@@ -194,7 +194,7 @@ def _assert_drawn_mamba_tree_lockstep(version, era, n):
     _need(version)
     from kvcheck.adapters.sglang.proxy import SglangProxy
     from kvcheck.backends import config_kw, known_findings
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     kw = {**config_kw(f"sglang:{version}"), "hybrid": True, "hybrid_kinds": ("mamba-tree",)}
     assert kw["era"] == era

@@ -3,8 +3,9 @@ table shared with the Hypothesis machine."""
 from __future__ import annotations
 
 from kvcheck.adapters.impl import ImplBackend
-from kvcheck.engines import gen
-from kvcheck.engines.gen import ARGS, RandomDrawer, Stats, boundary_lengths, draw_length
+from kvcheck.engines.draw import RandomDrawer, boundary_lengths, draw_length, draw_prompt
+from kvcheck.engines.gen import ARGS
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import CORE, draw_swarm, sequence_rng, walk
 from kvcheck.spec.ops import OP_NAMES, OP_TYPES
 
@@ -52,7 +53,7 @@ def test_lengths_are_biased_to_page_boundaries():
 
 def test_prompts_share_prefixes():
     d = RandomDrawer(sequence_rng(0, 1))
-    prompts = [gen.draw_prompt(d, 2, 4, 14) for _ in range(200)]
+    prompts = [draw_prompt(d, 2, 4, 14) for _ in range(200)]
     starts = {p[:4] for p in prompts}
     assert (1, 2, 3, 4) in starts and (5, 6, 7, 8) in starts
     assert all(4 <= len(p) <= 14 for p in prompts)

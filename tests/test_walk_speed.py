@@ -12,7 +12,7 @@ import torch
 from kvcheck.adapters.impl import ImplBackend
 from benchmarks import bench_diff, bench_scale, summary
 from kvcheck.impl.checks import snapshot
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import walk, weighted_pick
 from kvcheck.spec import ops as O
 from kvcheck.spec.config import Config

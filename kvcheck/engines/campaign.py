@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kvcheck.engines.gen import Stats
+from kvcheck.engines.stats import Stats
 from kvcheck.spec.config import Config
 
 HYPOTHESIS_ROUND = 20

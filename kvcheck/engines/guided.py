@@ -45,7 +45,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from kvcheck.engines.gen import ARGS, RandomDrawer, Stats, draw_config
+from kvcheck.engines.configs import draw_config
+from kvcheck.engines.draw import RandomDrawer
+from kvcheck.engines.gen import ARGS
+from kvcheck.engines.stats import Stats
 from kvcheck.engines.walk import BASE_WEIGHTS, Plan, Sequence, draw_plan, plan_rng, walk
 from kvcheck.spec import ops as O
 

@@ -19,8 +19,10 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from kvcheck.checker import Failure, Lockstep
 from kvcheck.engines import profiles  # noqa: F401  (registers the settings profiles)
-from kvcheck.engines.gen import (ARGS, MAX_LIVE_REQS, MAX_SESSIONS, Ctx, HypothesisDrawer,
-                                 Stats, draw_config, paths_of)
+from kvcheck.engines.configs import draw_config
+from kvcheck.engines.draw import HypothesisDrawer
+from kvcheck.engines.gen import ARGS, MAX_LIVE_REQS, MAX_SESSIONS, Ctx
+from kvcheck.engines.stats import Stats, paths_of
 from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.model import enabled, step  # noqa: F401  (step: used by benchmarks.bench_diff)
 

@@ -1,7 +1,7 @@
 """What a fixed-count differential walk reaches in the sglang release installed in THIS
 interpreter (in-process, no proxy): the walk engine's sequences (the same ones `kvcheck
 fuzz --backend sglang:V --rounds N --seed S` draws), the spec against the release, and
-the `kvcheck/engines/gen.py` PATHS they took. Run it under coverage.py inside a release
+the `kvcheck/engines/stats.py` PATHS they took. Run it under coverage.py inside a release
 venv to see which upstream lines those sequences execute:
 
   .venv-sglang-0.5.23/bin/python -m coverage run --branch \\
@@ -23,7 +23,7 @@ from kvcheck.adapters.sglang.backend import SglangBackend, installed_version
 def reach(sequences: int, seed: int, accept: tuple) -> tuple:
     """(Stats, failures) of `sequences` walks of campaign `seed` against the release."""
     from kvcheck.backends import config_kw, known_findings
-    from kvcheck.engines.gen import Stats
+    from kvcheck.engines.stats import Stats
     from kvcheck.engines.walk import walk
     name = f"sglang:{installed_version()}"
     kw = config_kw(name, accept)
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.sequences < 1:
         p.error("--sequences must be >= 1")
-    from kvcheck.engines.gen import PATHS, beyond_line
+    from kvcheck.engines.stats import PATHS, beyond_line
     accept = tuple(x for x in a.accept.split(",") if x)
     stats, failures = reach(a.sequences, a.seed, accept)
     print(f"sglang {installed_version()}: {stats.sequences} sequences, {stats.steps} steps, "

@@ -1,7 +1,7 @@
 """The walk engine: a seeded random walk over the operations the spec enables, driving
 `kvcheck.checker.Lockstep` directly (no framework between the draw and the step).
 
-Swarm testing: each sequence draws its own configuration (`gen.draw_config`), its own
+Swarm testing: each sequence draws its own configuration (`configs.draw_config`), its own
 length, and its own subset and weighting of the operations (`draw_swarm`), so a
 sequence that never aborts, or one that mostly retracts, is as likely as an average one.
 Arguments come from the shared per-operation table `gen.ARGS` (page-boundary lengths,
@@ -18,7 +18,10 @@ from itertools import accumulate
 from typing import Callable, Optional
 
 from kvcheck.checker import Failure, Lockstep
-from kvcheck.engines.gen import ARGS, Ctx, Drawer, RandomDrawer, Stats, draw_config, one_in, paths_of
+from kvcheck.engines.configs import draw_config
+from kvcheck.engines.draw import Drawer, RandomDrawer, one_in
+from kvcheck.engines.gen import ARGS, Ctx
+from kvcheck.engines.stats import Stats, paths_of
 from kvcheck.spec.config import Config
 from kvcheck.spec.model import enabled
 
