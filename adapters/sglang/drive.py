@@ -1,69 +1,20 @@
 """SglangBackend's operations: each kvcheck operation carried out through upstream's own
-scheduler glue (match, admit, allocate, prefill, decode, finish, abort, retract, close,
-evict)."""
+code and the glue named in README.md (entry, prefill chunk, decode, finish, abort, retract,
+close, evict; the rounds in prefill_round.py and decode_round.py)."""
 from __future__ import annotations
 
-import copy
-
 from kvcheck.spec.model import resolve_logprob_start
-from kvcheck.spec.pages import ceil_align, chunk_end, pages_needed_extend
+from kvcheck.spec.pages import chunk_end
 
-from kvcheck.adapters.sglang import hybrid, swa_tree
+from kvcheck.adapters.sglang import hybrid
+from kvcheck.adapters.sglang.decode_round import DecodeRound
+from kvcheck.adapters.sglang.prefill_round import PrefillRound
 from kvcheck.adapters.sglang.release import SAMPLED_TOKEN, VOCAB, _Live
 
-class _RoundKV:
-    """What the spec's admission reads beside upstream's PrefillAdder (kvcheck's glue, as
-    spec/admission.py `_Budget`): the rows left and the KV tokens the admitted requests
-    reserve (their page-ceiled new pages). Upstream's own budget (`PrefillBudget` /
-    `rem_total_tokens`) also reserves each request's max_new_tokens and a page, and the
-    running batch's remaining output; the spec does not (adapters/sglang/README.md)."""
 
-    def __init__(self, rows: int):
-        self.rows, self.reserved = rows, 0
-
-    def charge(self, prefix: int, end: int, new_row: bool, P: int) -> None:
-        self.reserved += pages_needed_extend(prefix, end, P) * P
-        self.rows -= new_row
-
-
-class _RetractHook:
-    """The running batch's `release_req` during `retract_decode`: the victim's overlap
-    lookahead (`Drive._lookahead`, the step already prepared under overlap scheduling),
-    then upstream's own `ScheduleBatch.release_req`."""
-
-    def __init__(self, drive, batch, by_req: dict):
-        self.drive, self.batch, self.by_req = drive, batch, by_req
-
-    def __call__(self, idx, *args, **kwargs):
-        from sglang.srt.managers.schedule_batch import ScheduleBatch
-        self.drive._lookahead(self.by_req[id(self.batch.reqs[idx])])
-        return ScheduleBatch.release_req(self.batch, idx, *args, **kwargs)
-
-
-class _RunningBatch:
-    """The running batch as `PrefillAdder.preempt_to_schedule` reads it: its requests in
-    merge order (a finished one still there unless filtered), `release_req` of one of them
-    (`Drive._retract`: the victim's overlap lookahead, upstream's module-level
-    `release_req`, waiting again) and `filter_batch(keep_indices)` over the list. kvcheck's glue: the adapter keeps one
-    batch per request, so the merged batch's tensors are not built."""
-
-    def __init__(self, drive, lives: list):
-        self.drive, self.lives = drive, list(lives)
-        self.reqs = [L.req for L in self.lives]
-        for L in self.lives:        # the entry order preempt_to_schedule sorts by
-            L.req.time_stats.wait_queue_entry_time = float(L.entered)
-
-    def release_req(self, idx, remaining, *args, **kwargs):
-        self.drive._retract(self.lives[idx])
-        return True
-
-    def filter_batch(self, keep_indices=None, **kwargs):
-        self.lives = [self.lives[i] for i in keep_indices]
-        self.reqs = [L.req for L in self.lives]
-
-
-class Drive:
-    """The operations of SglangBackend (adapters/sglang/backend.py)."""
+class Drive(PrefillRound, DecodeRound):
+    """The operations of SglangBackend (adapters/sglang/backend.py); the rounds' in
+    prefill_round.py and decode_round.py."""
 
     def _op_open_session(self, op):
         if self.entry:          # Scheduler.open_session
@@ -140,198 +91,6 @@ class Drive:
         self.entries += 1
         L.entered = self.entries
 
-    def _op_schedule(self, op):
-        """get_new_batch_prefill for one waiting request: the round of one."""
-        return self._round([op.rid], None if op.admit else 0)
-
-    def _op_schedule_round(self, op):
-        return self._round(list(op.rids), op.limit)
-
-    def _round(self, rids: list, limit) -> str:
-        """get_new_batch_prefill: upstream's own `PrefillAdder` holds the round (its
-        `rem_chunk_tokens` and `rem_input_tokens`, `can_run_list`, `new_chunked_req`, the
-        lock it takes, `_update_prefill_budget`'s charge, `budget_state()`'s verdict after
-        each request); the chunked request first (`add_chunked_req`), then each waiting
-        request's `init_next_round_input` (match_prefix) and admission, until one is
-        refused or the verdict is OTHER; then `ScheduleBatch.init_new(can_run_list)
-        .prepare_for_extend()` allocates rows and KV for the whole batch and runs the
-        session hooks, and its result is processed request by request."""
-        if self.cfg.filter_before_prefill:
-            self._filter_batch()
-        adder = self._prefill_adder()
-        kv = _RoundKV(self.pool.available_size())
-        batch, preempted = [], []
-        for i, rid in enumerate(rids):
-            if self._budget_spent(adder):
-                break
-            L = self.live[rid]
-            refused = limit is not None and i >= limit
-            if L.phase == "prefill":
-                item = self._add_chunked_req(adder, L, kv, refused)
-            else:
-                if self.cfg.enable_priority_scheduling and kv.rows <= 0 and \
-                        not self._preempt_to_schedule(adder, L, kv, preempted):
-                    break           # batch_is_full, and nothing to preempt for it
-                item = self._add_one_req(adder, L, kv, refused)
-                if item is None:
-                    break
-            if item is not None:
-                batch.append(item)
-        for L in sorted(preempted, key=lambda L: (L.req.priority, -L.entered)):
-            self._enqueue(L)            # the preempted re-enter the waiting queue
-        if batch:
-            self._extend_batch(batch)
-            for L, _, end, input_len in batch:
-                L.phase = "prefill"
-                if end == input_len:
-                    self._prefill_result(L)
-        return "ok" if len(batch) == len(rids) else "rejected"
-
-    def _preempt_to_schedule(self, adder, L, kv, preempted: list) -> bool:
-        """Upstream's own `PrefillAdder.preempt_to_schedule(req)` over the running batch
-        (`_RunningBatch`): its victims, their order and its token test. The adapter's
-        adder is built without the running batch (the spec's admission does not reserve
-        its output), so for the call its budget carries the running requests' remaining
-        output, as the scheduler's adder does; afterwards the budget is as before less the
-        victims' (upstream subtracts those itself). The victims wait again; the rows they
-        freed count for the rest of the round (`get_num_allocatable_reqs`)."""
-        from sglang.srt.server_args import get_global_server_args
-        running = list(self.running)        # its victims leave self.running as released
-        batch = _RunningBatch(self, running)
-        offsets = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
-        budget, field = (adder.memory_budget, "total_offset") if hasattr(adder, "memory_budget") \
-            else (adder, "rem_total_token_offset")
-        setattr(budget, field, getattr(budget, field) + offsets)
-        adder.running_batch = batch
-        adder.priority_scheduling_preemption_threshold = \
-            self.cfg.priority_scheduling_preemption_threshold   # the scheduler passes its flag
-        rows, before = self.pool.available_size(), len(adder.preempt_list)
-        args = (get_global_server_args(),) if self.api == "flat" else ()
-        try:
-            ok = adder.preempt_to_schedule(L.req, *args)
-        finally:
-            adder.running_batch = None
-            left = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
-            setattr(budget, field, getattr(budget, field) - left)
-        by_req = {id(x.req): x for x in running}
-        preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
-        kv.rows += self.pool.available_size() - rows
-        return ok
-
-    def _filter_batch(self) -> None:
-        """filter_batch: the finished requests leave the running batch."""
-        self.running = [L for L in self.running if not L.req.finished()]
-
-    @staticmethod
-    def _budget_spent(adder) -> bool:
-        """`budget_state()`'s OTHER verdict, read from upstream's own PrefillAdder
-        budgets: `rem_input_tokens` or `rem_chunk_tokens` spent. (Its NO_TOKEN verdict is
-        upstream's reservation of max_new_tokens and a page per request, which the spec
-        does not model, and which budget_state checks first.)"""
-        return adder.rem_input_tokens <= 0 or \
-            (adder.rem_chunk_tokens is not None and adder.rem_chunk_tokens <= 0)
-
-    def _prefill_adder(self):
-        """The round's `PrefillAdder`, as `_get_new_batch_prefill_raw` builds it: no
-        running batch (its reservation is not modelled), `max_prefill_tokens` unbounded,
-        `chunked_prefill_size` the config's."""
-        from sglang.srt.managers.schedule_policy import PrefillAdder
-        return PrefillAdder(self.P, self.cache, self.alloc, None, 1.0, 1 << 30,
-                            self.cfg.chunk_size)
-
-    def _add_one_req(self, adder, L, kv, refused: bool):
-        """init_next_round_input, then PrefillAdder.add_one_req: under upstream's own
-        temporary lock (`_lock_node`) the spec's admission test (`_admits`), then
-        upstream's commit (`_commit`): extend range, persistent lock, `can_run_list`,
-        `new_chunked_req`, the budget charge. (L, prefix, end, input_len), or None when
-        the request is refused."""
-        req = L.req
-        req.init_next_round_input(self.cache)                 # match_prefix
-        if self.shared:
-            self._note_slot_copies(restored=req)
-        prefix = self._prefix_len(req)
-        input_len = len(req.origin_input_ids) + len(req.output_ids)
-        end = chunk_end(prefix, input_len, adder.rem_chunk_tokens, self.P)
-        if refused or end <= prefix < input_len:
-            self._rejected(req)
-            return None
-        with adder._lock_node(req.last_node):
-            fits = self._admits(L, kv, prefix, end, waiting=True)
-        if not fits:
-            self._rejected(req)
-            return None
-        kv.charge(prefix, end, self._row(req) is None, self.P)
-        self._commit(adder, L, prefix, end, input_len)
-        return L, prefix, end, input_len
-
-    def _admits(self, L, kv, prefix: int, end: int, waiting: bool) -> bool:
-        """The spec's admission test (spec/admission.py `_add_one_req`, kvcheck's glue in place
-        of `PrefillBudget.check_prefill` / `rem_total_tokens`): a row, the Mamba slots, the
-        round's new pages against available + evictable, the SWA budget."""
-        req = L.req
-        need = pages_needed_extend(prefix, end, self.P) * self.P + kv.reserved
-        if need > self.alloc.available_size() + swa_tree.tree_sizes(self.cache)[0]:
-            return False
-        if not waiting:
-            return True
-        # rows: under priority scheduling only the round's batch_is_full test, before the
-        # match and preemption, counts them (upstream's add_one_req does not)
-        rows_short = self._row(req) is None and kv.rows < 1 and \
-            not self.cfg.enable_priority_scheduling
-        return not (rows_short or
-                    hybrid.mamba_short(self.pool, req, self.cache if self.cfg.mamba_tree else None) or
-                    (self.cfg.swa_window and need > swa_tree.swa_budget(self.cache, self.alloc)))
-
-    def _commit(self, adder, L, prefix: int, end: int, input_len: int) -> None:
-        """What add_one_req does once a request is admitted: 0.5.22+
-        `_commit_prefill_admission` itself; the flat API the same steps of its
-        `add_one_req` (0.5.15 schedule_policy.py l.1085-1135): `set_extend_range`,
-        `can_run_list`, `new_chunked_req`, `_req_inc_lock_ref`, `_update_prefill_budget`."""
-        req = L.req
-        chunked = end < input_len
-        max_new = 0 if chunked else req.sampling_params.max_new_tokens
-        if self.api == "borrow":
-            from sglang.srt.managers.schedule_policy import _PrefillAdmission
-            shape = dict(prefix_len=prefix, extend_len=end - prefix, max_new_tokens=max_new,
-                         is_chunked=chunked)
-            if "replay_len" in _PrefillAdmission.__dataclass_fields__:
-                shape["replay_len"] = 0     # 0.5.23: encoder replay's recomputed rows
-            adder._commit_prefill_admission(req, _PrefillAdmission(**shape), 0)
-        else:
-            self._set_extend_range(req, prefix, end)
-            adder.can_run_list.append(req)
-            if chunked:
-                adder.new_chunked_req = req
-            adder._req_inc_lock_ref(req)
-            adder._update_prefill_budget(prefix, end - prefix, max_new, req.retracted_stain)
-        L.locked = True
-
-    def _add_chunked_req(self, adder, L, kv, refused: bool):
-        """The chunked request's next round: its checkpoint (`_checkpoint_chunk`), then,
-        when the spec's KV test takes the chunk, upstream's own
-        `PrefillAdder.add_chunked_req` (it sizes the chunk by `rem_chunk_tokens`, sets
-        the extend range and charges the budget). None when the chunk is not taken."""
-        prefix, input_len = self._checkpoint_chunk(L)
-        end = chunk_end(prefix, input_len, adder.rem_chunk_tokens, self.P)
-        if refused or end <= prefix or not self._admits(L, kv, prefix, end, waiting=False):
-            return None
-        adder.add_chunked_req(L.req)
-        kv.charge(prefix, end, False, self.P)
-        return L, prefix, self._extend_end(L.req), input_len
-
-    def _extend_end(self, req) -> int:
-        """Where the extend the PrefillAdder recorded ends (`_set_extend_range`'s field)."""
-        if self.api == "borrow":
-            return req.extend_end
-        return req.extend_range.end if hasattr(req, "set_extend_range") else req.fill_len
-
-    def _rejected(self, req) -> str:
-        """A request the round does not add (0.5.23 `get_new_batch_prefill`, "revert
-        matched mamba idx"): the staged copy-on-write is dropped and a request without a
-        session gives its copy-on-write slot back."""
-        if self.cfg.mamba_tree:
-            hybrid.revert_cow(self.pool, req)
-        return "rejected"
 
     def _op_prefill_chunk(self, op):
         """The chunked request's next round: cache_unfinished_req(chunked=True) (0.5.23:
@@ -496,71 +255,6 @@ class Drive:
         if L in self.running:
             self.running.remove(L)
 
-    def _op_decode_round(self, op):
-        """update_running_batch and a decode step over the running batch, all upstream's:
-        the batch merged from the requests' own (`merge_batch`), its `check_decode_mem`,
-        `retract_decode` when that fails (each victim through `_RetractHook`), then the
-        batch's `prepare_for_decode` (one eviction and `alloc_for_decode` for the whole
-        batch); the forward's KV and the result in batch order."""
-        lives = [self.live[rid] for rid in op.rids]
-        self._filter_batch()
-        batch = self._merged_batch(lives)
-        out = "ok"
-        if not batch.check_decode_mem():
-            lives = self._retract_decode(batch, lives)
-            out = "oom"
-        if lives:
-            pos = [self._lens(L.req)[0] for L in lives]
-            self.forward_iter = getattr(self, "forward_iter", -1) + 1
-            batch.forward_iter = self.forward_iter
-            batch.prepare_for_decode()
-            for L, p in zip(lives, pos):
-                self._write_shadow(L.req, p, p + 1)
-        for L in lives:
-            L.req.output_ids.append(SAMPLED_TOKEN)
-        for L in lives:
-            self._check_finished(L)
-        return out
-
-    def _merged_batch(self, lives: list):
-        """The running batch: each request's own batch (tensors re-derived,
-        `_sync_batch`) merged into one by upstream's `merge_batch`, as the scheduler's
-        running batch grows by each prefill batch."""
-        for L in lives:
-            self._sync_batch(L)
-        whole = self._batch_copy(lives[0].batch)
-        for L in lives[1:]:
-            whole.merge_batch(L.batch)
-        return whole
-
-    @staticmethod
-    def _batch_copy(batch):
-        """A batch that merge_batch / filter_batch may rebind or extend (0.5.15's
-        `merge_batch` extends its lists in place) without touching `batch`."""
-        one = copy.copy(batch)
-        one.sampling_info = copy.copy(batch.sampling_info)
-        for name, value in vars(batch).items():
-            if isinstance(value, list):
-                setattr(one, name, list(value))
-        return one
-
-    def _retract_decode(self, batch, lives: list) -> list:
-        """Upstream's `ScheduleBatch.retract_decode` (0.5.15 `schedule_batch.py` l.2470,
-        0.5.23 l.3451): its victim order, victims until the rest fits, the last one
-        aborted; each victim's release goes through `_RetractHook`. The requests left, in
-        the order upstream's `filter_batch` keeps them."""
-        from sglang.srt.server_args import get_global_server_args
-        by_req = {id(L.req): L for L in lives}
-        batch.release_req = _RetractHook(self, batch, by_req)
-        args = (get_global_server_args(),) if self.api == "flat" else ()
-        retracted, _, aborted = batch.retract_decode(*args)
-        for req in retracted + aborted:
-            self._retracted(by_req[id(req)])
-        for req in retracted:       # update_running_batch re-queues them
-            self._enqueue(by_req[id(req)])
-        for req in aborted:         # FINISH_ABORT: only an abort output is sent
-            self.live.pop(by_req[id(req)].rid)
-        return [by_req[id(req)] for req in batch.reqs]
 
     def _op_close_session(self, op):
         from sglang.srt.managers.io_struct import CloseSessionReqInput
