@@ -35,7 +35,8 @@ MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/allocator.py", "kvcheck/spec/r
            "kvcheck/spec/guards.py", "kvcheck/spec/actions.py", "kvcheck/spec/model.py",
            "kvcheck/spec/abstract.py", "kvcheck/spec/view.py", "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
            "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
-           "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
+           "kvcheck/explore/goals.py", "kvcheck/explore/result.py", "kvcheck/explore/expand.py",
+           "kvcheck/explore/merge.py", "kvcheck/explore/frontier.py", "kvcheck/explore/search.py")
 """What the explorer spends its time in. spec/pages.py stays interpreted: proofs/
 re-executes its functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}
