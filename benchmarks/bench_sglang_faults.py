@@ -29,8 +29,8 @@ from kvcheck.engines.exhaustive import ForkError, check_transitions
 from kvcheck.explore import PRESETS, explore
 
 def fault_table() -> dict:
-    """name -> (releases, description), read without importing sglang: faults.py imports
-    upstream modules only inside its installers."""
+    """name -> (releases, description), read without importing sglang: faults.py and its
+    installers' modules (faults_*.py) import upstream modules only inside the installers."""
     from kvcheck.adapters.sglang.faults import FAULTS
     return {n: (f.releases, f.description) for n, f in FAULTS.items()}
 

@@ -39,7 +39,8 @@ MODULES = ("kvcheck/spec/state.py", "kvcheck/spec/allocator.py", "kvcheck/spec/r
            "kvcheck/spec/invariants_hybrid.py", "kvcheck/spec/invariants_step.py",
            "kvcheck/spec/invariants.py", "kvcheck/fast_invariants.py",
            "kvcheck/explore/symmetry.py", "kvcheck/explore/candidates.py",
-           "kvcheck/explore/goals.py", "kvcheck/explore/search.py")
+           "kvcheck/explore/goals.py", "kvcheck/explore/result.py", "kvcheck/explore/expand.py",
+           "kvcheck/explore/merge.py", "kvcheck/explore/frontier.py", "kvcheck/explore/search.py")
 """What the explorer spends its time in. spec/pages.py and spec/swa_pool.py stay interpreted:
 proofs/ re-executes their functions' code objects on z3 terms."""
 DIRECTIVES = {"language_level": 3, "annotation_typing": False, "binding": True}

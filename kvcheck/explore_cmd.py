@@ -12,7 +12,8 @@ from kvcheck.spec.config import ERAS, ConfigError
 from kvcheck.explore.presets import PRESETS
 from kvcheck.explore.scope import Scope, words
 from kvcheck.explore.pools import explore_on
-from kvcheck.explore.search import FRONTIER_STATES, Result, missed, to_trace
+from kvcheck.explore.frontier import FRONTIER_STATES
+from kvcheck.explore.result import Result, missed, to_trace
 from kvcheck.explore_report import report
 
 # ---------------------------------------------------------------------------

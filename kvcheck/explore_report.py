@@ -6,7 +6,7 @@ import sys
 
 from kvcheck.spec import ops as O
 from kvcheck.explore.goals import SITUATIONS, _op_applies, situation_applies
-from kvcheck.explore.search import Result
+from kvcheck.explore.result import Result
 
 # ---------------------------------------------------------------------------
 # report

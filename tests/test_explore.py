@@ -12,7 +12,7 @@ import pytest
 from kvcheck import explore as E
 from kvcheck import explore_cmd as EC
 from kvcheck.errors import ROOT
-from kvcheck.explore import search
+from kvcheck.explore import frontier, search
 from kvcheck.checker import run_ops
 from kvcheck.trace import load
 from kvcheck.spec import model as M
@@ -356,7 +356,7 @@ def test_a_level_is_rebuilt_state_for_state():
         starts.append(starts[-1] + n)
     s0 = M.initial_state(sc.cfg)
     for d in range(len(r.level_sizes)):
-        rebuilt = list(search._level_states(s0, d, starts, parents, via, r.op_table))
+        rebuilt = list(frontier._level_states(s0, d, starts, parents, via, r.op_table))
         assert [i for i, _, _ in rebuilt] == list(range(starts[d], starts[d + 1]))
         assert [E.state_key(s) for _, s, _ in rebuilt] == [E.state_key(s) for s in states[starts[d]:starts[d + 1]]]
 

@@ -117,7 +117,7 @@ def test_the_explorer_checks_progress_from_every_state_and_writes_a_replayable_t
     drain made to leave the chunked request behind (and no rescue), the explorer reports
     P1 at the shortest depth, and its trace replays (with `drain`) to the same P1."""
     from kvcheck.explore import explore, preset_scope
-    from kvcheck.explore.search import to_trace
+    from kvcheck.explore.result import to_trace
     from kvcheck.replay import run_replay
     from kvcheck.spec import progress as PG
     sc = replace(preset_scope("check", "check-progress"), max_depth=5)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvcheck.adapters.sglang import faults as F
+from kvcheck.adapters.sglang import faults_patch
 from kvcheck.adapters.sglang import proxy
 from kvcheck.engines.exhaustive import check_transitions
 from kvcheck.explore import explore, preset_scope
@@ -127,8 +128,8 @@ def test_two_faults_on_one_method_stack_and_uninstall_restores_the_original(monk
     original = Cache.__dict__["free"]
     tag = lambda name: lambda orig: lambda self, x: orig(self, x) + [name]  # noqa: E731
     try:
-        F._patch(mod.__name__, "Cache", "free", tag("first"))
-        F._patch(mod.__name__, "Cache", "free", tag("second"))
+        faults_patch._patch(mod.__name__, "Cache", "free", tag("first"))
+        faults_patch._patch(mod.__name__, "Cache", "free", tag("second"))
         assert Cache().free(1) == ["upstream", 1, "first", "second"]
     finally:
         F.uninstall()

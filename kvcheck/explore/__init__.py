@@ -28,9 +28,11 @@ from kvcheck.explore.goals import HYBRID_SITUATIONS, SITUATIONS, Situation
 from kvcheck.explore.presets import (HYBRID_BORROW_SCOPE, HYBRID_SCOPE, MAMBA_TREE_SCOPE, P1_SCOPE,
                                      PRESETS, SCOPES, TWO_SESSIONS_SCOPE, preset_scope)
 from kvcheck.explore.scope import Scope, words
-from kvcheck.explore.search import (FRONTIER_STATES, PREFILTERED_STEP_INVARIANTS,
-                                    SPEC_ASSERTION, SPEC_EXCEPTION, Found, Result, explore, missed,
-                                    reachable_states, step_check_needed, to_trace)
+from kvcheck.explore.expand import (PREFILTERED_STEP_INVARIANTS, SPEC_ASSERTION, SPEC_EXCEPTION,
+                                    step_check_needed)
+from kvcheck.explore.frontier import FRONTIER_STATES
+from kvcheck.explore.result import Found, Result, missed, to_trace
+from kvcheck.explore.search import explore, reachable_states
 from kvcheck.explore.symmetry import req_sig, state_key
 
 __all__ = ["FRONTIER_STATES", "Found", "HYBRID_BORROW_SCOPE",

@@ -13,7 +13,7 @@ parent links and operations (`LevelWorker.commit`).
 States never travel. A worker keeps the successors it found that became new states (the
 children of its range, a contiguous range of the next level) and rebuilds the others of
 its next range by re-executing their parent links from the initial state
-(`search._level_states`), as a level too large to keep is rebuilt in one process. Each
+(`frontier._level_states`), as a level too large to keep is rebuilt in one process. Each
 worker holds a copy of the visited fingerprints of the levels before (so that it checks
 only the successors that may be new): about 70 bytes a state per worker beside the
 coordinator's set.
@@ -35,7 +35,10 @@ from kvcheck.spec import model as M
 from kvcheck.explore import symmetry
 from kvcheck.explore.goals import SITUATIONS, situation_applies
 from kvcheck.explore.scope import Scope
-from kvcheck.explore.search import Expander, Merge, _level_states, _whole_key
+from kvcheck.explore.expand import Expander
+from kvcheck.explore.frontier import _level_states
+from kvcheck.explore.merge import Merge
+from kvcheck.explore.search import _whole_key
 from kvcheck.explore.symmetry import state_key
 
 
