@@ -19,6 +19,7 @@ class _RetractHook:
     def __call__(self, idx, *args, **kwargs):
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         self.drive._lookahead(self.by_req[id(self.batch.reqs[idx])])
+        return ScheduleBatch.release_req(self.batch, idx, *args, **kwargs)
 
 
 class DecodeRound:
