@@ -353,20 +353,39 @@ def test_an_interrupted_prove_keeps_the_units_that_finished(tmp_path):
     assert cache["units"]
 
 
-def test_z3_swallowing_ctrl_c_is_raised_again():
-    """z3 catches SIGINT during a check and answers unknown ("interrupted from keyboard"):
-    kvcheck.proofs.core.checked raises it again as KeyboardInterrupt."""
-    from kvcheck.proofs.core import checked
+def test_a_check_that_a_ctrl_c_reached_raises_keyboard_interrupt():
+    """kvcheck's checks run with z3's own SIGINT handler off (`ctrl_c`); a Ctrl-C that
+    arrived during one (recorded by ctrl_c_stops_z3's watcher), or one z3 caught itself
+    (unknown, "interrupted from keyboard"), raises KeyboardInterrupt instead of reading as
+    an undecided proof."""
+    import z3
+
+    from kvcheck.proofs import core
 
     class Solver:
+        def __init__(self, answer, reason="unknown"):
+            self.answer, self.reason, self.params = answer, reason, {}
+
+        def set(self, key, value):
+            self.params[key] = value
+
         def check(self):
-            import z3
-            return z3.unknown
+            return self.answer
 
         def reason_unknown(self):
-            return "interrupted from keyboard"
+            return self.reason
+
+    caught = Solver(z3.unknown, "interrupted from keyboard")
     with pytest.raises(KeyboardInterrupt):
-        checked(Solver())
+        core.checked(caught)
+    assert caught.params == {"ctrl_c": False}
+    assert core.checked(Solver(z3.sat)) == z3.sat
+    core._CTRL_C.set()              # the watcher saw a SIGINT during the check
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            core.checked(Solver(z3.sat))
+    finally:
+        core._CTRL_C.clear()
 
 
 def test_an_interrupt_a_library_turned_into_another_error_exits_130(capsys, monkeypatch):
