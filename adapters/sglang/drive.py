@@ -32,9 +32,12 @@ class Drive(PrefillRound, DecodeRound):
         """Upstream's own Scheduler.handle_generate_request (entry.py): the request it
         queued, a session's turn, a rejected stub or a plain request."""
         req = self.entry.submit(t)
-        rejected = req.to_finish is not None
-        self.live[op.rid] = _Live(op.rid, req, streaming=req.session is not None,
-                                  rejected=rejected)
+        return self._queued(op, req, streaming=req.session is not None,
+                            rejected=req.to_finish is not None)
+
+    def _queued(self, op, req, streaming: bool, rejected: bool) -> str:
+        """The request op submitted, now live and waiting: "stub" for a rejected one."""
+        self.live[op.rid] = _Live(op.rid, req, streaming=streaming, rejected=rejected)
         self._enqueue(self.live[op.rid], self._priority(op))
         return "stub" if rejected else "ok"
 
@@ -48,10 +51,7 @@ class Drive(PrefillRound, DecodeRound):
         session = self.ctrl.get(sid)
         if session is not None and not session.close_on_finish:
             req = session.create_req(t, tokenizer=None, vocab_size=VOCAB)
-            stub = req.to_finish is not None
-            self.live[op.rid] = _Live(op.rid, req, streaming=True, rejected=stub)
-            self._enqueue(self.live[op.rid], op.priority)
-            return "stub" if stub else "ok"
+            return self._queued(op, req, streaming=True, rejected=req.to_finish is not None)
         # session closing (or unknown): a plain Req aborted at once, no session attached
         from sglang.srt.managers.schedule_batch import Req
         req = Req(str(op.rid), None, t.input_ids, t.sampling_params, vocab_size=VOCAB)
@@ -59,9 +59,7 @@ class Drive(PrefillRound, DecodeRound):
         req.set_finish_with_abort(f"Invalid request: close was requested for session {sid}"
                                   if session is not None else
                                   f"Invalid request: session id {sid} does not exist")
-        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=True)
-        self._enqueue(self.live[op.rid], op.priority)
-        return "stub"
+        return self._queued(op, req, streaming=False, rejected=True)
 
     def _op_submit_request(self, op):
         from sglang.srt.managers.schedule_batch import Req
@@ -75,9 +73,7 @@ class Drive(PrefillRound, DecodeRound):
         # handle_generate_request's logprob_start_len resolution (glue); upstream's own
         # init_next_round_input then caps the prefix match with it
         req.logprob_start_len = resolve_logprob_start(op.logprob_start_len, len(op.tokens))
-        self.live[op.rid] = _Live(op.rid, req, streaming=False, rejected=False)
-        self._enqueue(self.live[op.rid], op.priority)
-        return "ok"
+        return self._queued(op, req, streaming=False, rejected=False)
 
     def _enqueue(self, L, priority=None) -> None:
         """Under priority scheduling, `_add_request_to_queue`: the priority
@@ -186,7 +182,7 @@ class Drive(PrefillRound, DecodeRound):
         if self.entry:          # upstream's own abort_request over the waiting queue
             L = self.live[rid]
             queued = [M.req for M in self.live.values() if M.phase == "queued"]
-            popped = self.entry.abort(rid, queued, running=[])
+            popped = self.entry.abort(rid, queued)
             if popped != [L.req]:
                 raise RuntimeError(f"abort_request popped {len(popped)} requests for {rid}")
             del self.live[rid]

@@ -33,14 +33,9 @@ def rid_str(rid: int) -> str:
     return f"{rid:08d}"
 
 
-class _Discard:
-    """What the scheduler sends out (abort outputs to the tokenizer manager): recorded."""
-
-    def __init__(self) -> None:
-        self.sent: list = []
-
-    def __call__(self, *args, **kwargs) -> None:
-        self.sent.append(args)
+def _discard(*args, **kwargs) -> None:
+    """What the scheduler sends out (abort outputs to the tokenizer manager): no client
+    listens."""
 
 
 class _NoGrammar:
@@ -91,9 +86,9 @@ def _shell_attributes(backend) -> dict:
         enable_overlap=False, metrics_reporter=types.SimpleNamespace(enable_metrics=False),
         kv_events_publisher=types.SimpleNamespace(enable_kv_cache_events=False),
         dllm_config=None, mm_receiver=None, enable_hicache_storage=False, enable_lmcache=False,
-        grammar_manager=_NoGrammar(), beam_coordinator=_NoBeams(), send_abort_output=_Discard(),
+        grammar_manager=_NoGrammar(), beam_coordinator=_NoBeams(), send_abort_output=_discard,
         ipc_channels=types.SimpleNamespace(
-            send_to_tokenizer=types.SimpleNamespace(send_output=_Discard())),
+            send_to_tokenizer=types.SimpleNamespace(send_output=_discard)),
         enable_priority_scheduling=cfg.enable_priority_scheduling,
         schedule_low_priority_values_first=False, abort_on_priority_when_disabled=False,
         max_queued_requests=None, processed_tokens_counter=0,
@@ -115,7 +110,6 @@ class Entry:
     reads and takes back what upstream did with them."""
 
     def __init__(self, backend, sch_mod) -> None:
-        self.backend = backend
         self.sch = object.__new__(sch_mod.Scheduler)
         for name, value in _shell_attributes(backend).items():
             setattr(self.sch, name, value)
@@ -138,16 +132,14 @@ class Entry:
                                f"for one ({recv_req.rid})")
         return queue[0]
 
-    def abort(self, rid: int, waiting: list, running: list, chunked=None) -> list:
-        """abort_request(AbortReq(rid)) over the adapter's waiting queue (in order), running
-        batch and chunked request: the waiting requests it popped (abort method 1; the
-        running ones get `to_finish`, method 3)."""
+    def abort(self, rid: int, waiting: list) -> list:
+        """abort_request(AbortReq(rid)) over the adapter's waiting queue (in order), with
+        an empty running batch: the waiting requests it popped (abort method 1)."""
         from sglang.srt.managers.io_struct import AbortReq
         sch = self.sch
         sch.waiting_queue = list(waiting)
-        sch.running_batch = types.SimpleNamespace(reqs=list(running))
-        sch.last_batch, sch.chunked_req = None, chunked
+        sch.running_batch = types.SimpleNamespace(reqs=[])
         sch.abort_request(AbortReq(rid=rid_str(rid)))
         kept = {id(r) for r in sch.waiting_queue}
-        sch.waiting_queue, sch.running_batch, sch.chunked_req = [], None, None
+        sch.waiting_queue, sch.running_batch = [], None
         return [r for r in waiting if id(r) not in kept]
