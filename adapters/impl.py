@@ -45,7 +45,7 @@ class ImplBackend:
             accept=cfg.accept, evict_shortfall=cfg.evict_shortfall,
             enable_priority_scheduling=cfg.enable_priority_scheduling,
             preemption_threshold=cfg.priority_scheduling_preemption_threshold,
-            filter_before_prefill=cfg.filter_before_prefill,
+            filter_before_prefill=cfg.filter_before_prefill, admission=cfg.admission,
             debug_mode=cfg.debug_mode or None)     # off: SGLANG_DEBUG_MEMORY_POOL decides
 
     # -- driving -----------------------------------------------------------------------

@@ -54,7 +54,8 @@ class RunningBatchMixin:
                                          + (len(batch) * P if P > 1 else 0))
         for req, prefix, end in batch:
             if not common.alloc_for_extend(self, req, prefix, end, evict=per_request):
-                raise RuntimeError(f"req {req.rid}: alloc_for_extend failed after admission")
+                raise RuntimeError(f"Prefill out of memory (alloc_for_extend after admission, "
+                                   f"req {req.rid})")
         for i, (req, _, _) in enumerate(batch):
             set_swa_evict_floor(self, req)
             if self.era == "borrow" and not (i and "round_hook_skips_second" in faults.ACTIVE):

@@ -6,6 +6,7 @@ from typing import Optional
 
 from kvcheck.impl import common, faults
 from kvcheck.impl.mamba import HybridReqToTokenPool
+from kvcheck.impl.prefill_budget import AddReqResult, PrefillBudget, truncated_extend_end
 from kvcheck.impl.schedule_batch import Req
 from kvcheck.impl.swa_radix_cache import swa_lock_boundary
 
@@ -22,6 +23,12 @@ CLIP_MAX_NEW_TOKENS = 4096     # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 def remaining_output(req: Req) -> int:
     """_get_running_request_total_token_offset (new_token_ratio 1)."""
     return min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+
+
+def _decode_headroom(req: Req, end: int, input_len: int) -> int:
+    """What an admitted extend reserves for decoding: `min(max_new_tokens, CLIP)` when it
+    ends the prompt, nothing for a chunk (the rest of the prompt is still to come)."""
+    return min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if end == input_len else 0
 
 
 class _RoundBudget:
@@ -129,7 +136,9 @@ class PrefillAdderMixin:
         budget.preempted += victims
         return True
 
-    def _add_one_req(self, req: Req, budget: "_RoundBudget", refused: bool):
+    def _init_next_round_input(self, req: Req) -> tuple:
+        """`init_next_round_input`: the match of the fill up to `max_prefix_len`; returns
+        (prefix_len, input_len, last_node)."""
         fill = req.fill_ids
         input_len = len(fill)
         key = fill[: req.max_prefix_len()]
@@ -139,6 +148,10 @@ class PrefillAdderMixin:
         req.cache_protected_len = protected
         prefix_len = req.prefix_len = len(prefix_indices)
         req.fill_len = input_len
+        return prefix_len, input_len, last_node
+
+    def _add_one_req(self, req: Req, budget: "_RoundBudget", refused: bool):
+        prefix_len, input_len, last_node = self._init_next_round_input(req)
         end = chunk_end(prefix_len, input_len, budget.chunk, self.page_size)
         if refused or end <= prefix_len < input_len:
             self._rejected(req)
@@ -172,6 +185,88 @@ class PrefillAdderMixin:
             refused = True
         if refused or end <= start or not self._extend_fits(start, end, budget.reserved):
             return None
+        return req, start, end
+
+    # -- upstream's own budget (admission "reserve", "reserve-held-rows") -------------------
+    def _admit_reserve_round(self, reqs: list, limit: Optional[int]) -> list:
+        """The PrefillAdder loop under upstream's own budget (impl/prefill_budget.py): the
+        chunked request first, always continued; then each waiting request, once the batch
+        is not full (priority scheduling may preempt for it), matched and admitted while
+        `add_one_req` answers CONTINUE. 0.5.23 ("reserve-held-rows") also ends the round
+        before the next match when `budget_state()` is OTHER (the chunk budget spent)."""
+        if self.filter_before_prefill:
+            self._filter_batch()
+        budget = PrefillBudget(self.token_to_kv_pool_allocator, self.tree_cache, self.page_size,
+                               self.req_to_token_pool.available_size(), self.chunk_size,
+                               sum(map(remaining_output, self.running_batch)),
+                               held_rows=self.admission == "reserve-held-rows")
+        batch = []
+        for i, req in enumerate(reqs):
+            if budget.held_rows and budget.budget_state() is AddReqResult.OTHER:
+                break
+            refused = limit is not None and i >= limit
+            if req.phase == "prefill":     # add_chunked_req: its verdict ends nothing
+                item = self._add_chunked_reserve_req(req, budget, refused)
+                res = AddReqResult.CONTINUE
+            else:
+                if budget.batch_is_full() and not (self.enable_priority_scheduling and
+                                                   self._preempt_to_schedule(req, budget)):
+                    break
+                item, res = self._add_one_reserve_req(req, budget, refused)
+            if item is not None:
+                batch.append(item)
+            if res is not AddReqResult.CONTINUE:
+                break
+        for victim in budget.preempted:
+            self._requeue(victim)
+        return batch
+
+    def _add_one_reserve_req(self, req: Req, budget: PrefillBudget, refused: bool) -> tuple:
+        """`init_next_round_input` and `add_one_req`: the whole remaining input, the
+        remaining output (clipped) and a page must stay below `rem_total_tokens` as read
+        under the admission lock; a chunk ends at a page boundary of the sequence (OTHER
+        when that leaves nothing). Returns (the batch item or None, the verdict)."""
+        prefix_len, input_len, last_node = self._init_next_round_input(req)
+        if refused:
+            self._rejected(req)
+            return None, AddReqResult.OTHER
+        # FIX(U9): the rows are checked again after a preemption (a preempted streaming
+        # turn's row stays with its session's slot)
+        if req.req_pool_idx is None and budget.rows < 1:
+            self._rejected(req)
+            return None, AddReqResult.OTHER
+        end = truncated_extend_end(prefix_len, input_len, budget.rem_chunk_tokens, self.page_size)
+        max_new = min(max(req.max_new_tokens - len(req.output_ids), 0), CLIP_MAX_NEW_TOKENS)
+        total_tokens = input_len - prefix_len + max_new + self.page_size
+        self.tree_cache.inc_lock_ref(last_node)
+        was_held, req.lock_held = req.lock_held, True   # the budget is read under the lock
+        res = AddReqResult.NO_TOKEN if total_tokens >= budget.rem_total_tokens else \
+            AddReqResult.OTHER if end is None else AddReqResult.CONTINUE
+        if res is not AddReqResult.CONTINUE:
+            self.tree_cache.dec_lock_ref(last_node)
+            req.lock_held = was_held
+            self._rejected(req)
+            return None, res
+        if self.era == "borrow" and last_node is getattr(self.tree_cache.slots.get(
+                getattr(req.session, "session_id", None)), "virtual_node", False):
+            req.lock_held = False          # locking a virtual node holds nothing
+        budget._update_prefill_budget(req, prefix_len, end, _decode_headroom(req, end, input_len))
+        return (req, prefix_len, end), budget.budget_state()
+
+    def _add_chunked_reserve_req(self, req: Req, budget: PrefillBudget, refused: bool):
+        """The chunked request: its last chunk checkpointed, then always continued
+        ("otherwise, it will cause a memory leak"), cut to what the round has left,
+        `min(rem_chunk_tokens, rem_total_tokens)`, or to the chunk budget when nothing is
+        left; not page-aligned. None only when kvcheck's round limit refuses it."""
+        start = self._checkpoint_chunk(req)
+        if refused:
+            return None
+        rem_tokens = min(budget.rem_chunk_tokens, budget.rem_total_tokens)
+        if rem_tokens <= 0:
+            rem_tokens = budget.rem_chunk_tokens
+        input_len = len(req.fill_ids)
+        end = start + min(input_len - start, rem_tokens)
+        budget._update_prefill_budget(req, start, end, _decode_headroom(req, end, input_len))
         return req, start, end
 
     def _rejected(self, req: Req) -> str:

@@ -29,6 +29,10 @@ from kvcheck.impl.swa import SWATokenToKVPoolAllocator, set_swa_evict_floor
 from kvcheck.impl.swa_radix_cache import SWARadixCache
 
 ERAS = ("wrapper", "borrow")
+ADMISSIONS = ("pages", "reserve", "reserve-held-rows")
+"""The prefill round's admission rule: kvcheck's page budget (impl/schedule_policy.py
+`_admit_round`), or upstream's own PrefillAdder budget (impl/prefill_budget.py) as
+0.5.14-0.5.22 ("reserve") and 0.5.23 ("reserve-held-rows") count the rows."""
 
 
 def _after_op(op):
@@ -58,7 +62,7 @@ class Scheduler(PrefillAdderMixin, RunningBatchMixin):
                  prefill_aware_swa: bool = False, mamba_tree: bool = False,
                  accept: tuple = (), evict_shortfall: bool = False,
                  enable_priority_scheduling: bool = False, preemption_threshold: int = 10,
-                 filter_before_prefill: bool = False):
+                 filter_before_prefill: bool = False, admission: str = "pages"):
         if era not in ERAS:
             raise ValueError(f"era must be one of {ERAS}, got {era!r}")
         self.page_size = page_size
@@ -112,6 +116,12 @@ class Scheduler(PrefillAdderMixin, RunningBatchMixin):
         self.enable_priority_scheduling = enable_priority_scheduling
         self.preemption_threshold = preemption_threshold
         self.filter_before_prefill = filter_before_prefill
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
+        if admission != "pages" and (swa_window or mamba_slots or disable_radix_cache):
+            raise ValueError(f"admission {admission!r} runs without the hybrid pools and "
+                             "with the radix tree on (upstream's add_one_req_ignore_eos path)")
+        self.admission = admission
         # the running batch, in merge order; a request that finishes stays in it (its KV
         # already released) until the next decode step filters it (the two-phase finish)
         self.running_batch: list[Req] = []
@@ -205,7 +215,8 @@ class Scheduler(PrefillAdderMixin, RunningBatchMixin):
 
     def _schedule_round(self, rids: list, limit: Optional[int]) -> str:
         reqs = [self._req(rid, "queued", "prefill") for rid in rids]
-        batch = self._admit_round(reqs, limit)
+        admit = self._admit_round if self.admission == "pages" else self._admit_reserve_round
+        batch = admit(reqs, limit)
         if batch:
             self._prepare_for_extend(batch)
             self._process_prefill_result(batch)

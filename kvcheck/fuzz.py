@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Optional
 
 from kvcheck import clock
-from kvcheck.backends import planted_upstream
+from kvcheck.backends import known_findings, planted_upstream
 from kvcheck.checker import run_ops
 from kvcheck.engines import DEFAULT_ENGINE
 from kvcheck.engines.campaign import Campaign, RawFailure, make_executor
@@ -444,12 +444,14 @@ class _Driver:
 
     def _shrink(self, raw: RawFailure, found: Found, meta: dict) -> None:
         failure, cfg = raw.failure, raw.cfg
+        skip = known_findings(self.bname, cfg.accept)     # as the engines left them out
 
         def outcome(candidate):
             self.ints.check()
             backend = self.factory(cfg) if self.factory else None
             try:
-                return run_ops(cfg, candidate, backend, backend_name=self.bname).failure
+                return run_ops(cfg, candidate, backend, backend_name=self.bname,
+                               skip=skip).failure
             finally:
                 if backend is not None and hasattr(backend, "close"):
                     backend.close()

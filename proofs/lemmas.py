@@ -231,6 +231,20 @@ def chunk_end_lemma(M):
     return [p >= 1, 0 <= pre, pre < inp, cs >= p], goal
 
 
+def reserve_chunk_end_lemma(M):
+    """Upstream's extend end: within [prefix, input]; the whole input exactly when its
+    page-ceiled extend fits the chunk budget; else a page boundary of the sequence no
+    more than the budget past the prefix (nothing left: the prefix itself)."""
+    pre, inp, cs, p = Ints("prefix input_len chunk_size P")
+    e = S(M, "reserve_chunk_end", pre, inp, cs, p)
+    e_none = S(M, "reserve_chunk_end", pre, inp, None, p)
+    fits = S(M, "ceil_align", inp - pre, p) <= cs
+    goal = z3.And(pre <= e, e <= inp, (e == inp) == fits, e_none == inp,
+                  z3.Or(e == inp, e == pre, z3.And(is_mult(e, p), e - pre <= cs,
+                                                   e - pre > cs - 2 * p)))
+    return [p >= 1, 0 <= pre, pre < inp, cs >= 0], goal
+
+
 def finished_tail_lemma(M):
     """cache_finished_req + the overalloc free (I18): the unaligned tail free
     [floor_align(committed), committed) and the overalloc free
@@ -348,6 +362,18 @@ def _m_chunk_no_clamp(prefix, input_len, chunk_size, p):
     return prefix + (chunk_size // p) * p
 
 
+def _m_reserve_no_cut_back(prefix, input_len, chunk_size, p):
+    if chunk_size is None or ceil_align(input_len - prefix, p) <= chunk_size:  # noqa: F821 (rebound)
+        return input_len
+    return prefix + chunk_size // p * p
+
+
+def _m_reserve_raw_fit(prefix, input_len, chunk_size, p):
+    if chunk_size is None or input_len - prefix <= chunk_size:
+        return input_len
+    return max(prefix, (prefix + chunk_size // p * p) // p * p)
+
+
 def _m_ceil_align_floor(x, p):
     return (x // p) * p
 
@@ -406,6 +432,11 @@ LEMMAS: list[Lemma] = [
     Lemma("chunk_end: progress, bounded, whole pages", chunk_end_lemma,
           [_mut("chunk not truncated to pages", chunk_end=_m_chunk_no_page_trunc),
            _mut("chunk end not clamped to input", chunk_end=_m_chunk_no_clamp)]),
+    Lemma("reserve_chunk_end: the whole input iff it fits, else a page boundary within the "
+          "budget", reserve_chunk_end_lemma,
+          [_mut("end not cut back to a page boundary", reserve_chunk_end=_m_reserve_no_cut_back),
+           _mut("raw extend against the budget (not page-ceiled)",
+                reserve_chunk_end=_m_reserve_raw_fit)]),
     Lemma("finish frees: unaligned tail and overalloc never share a page (I18)", finished_tail_lemma,
           [_mut("overalloc free from floor_align(committed)", ceil_align=_m_ceil_align_floor)]),
 ]

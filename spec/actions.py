@@ -112,6 +112,12 @@ def _close(s: State, op: O.CloseSession) -> str:
 # -- admission and the forward passes ---------------------------------------------------
 
 def _schedule_check(s: State, op: O.Schedule, req: Req) -> Optional[str]:
+    if s.cfg.admission != "pages":
+        chunked = [r.rid for r in dict.values(s.reqs) if r.phase == "prefill"]
+        if chunked:
+            return (f"request {chunked[0]} is the chunked request in flight: under "
+                    f"config.admission {s.cfg.admission!r} the round continues it first "
+                    f"(schedule_round)")
     return mamba_tree.cow_refusal(s, req)
 
 
@@ -120,6 +126,9 @@ def _schedule_effect(s: State, op: O.Schedule) -> str:
 
 
 def _prefill_chunk_check(s: State, op: O.PrefillChunk, req: Req) -> Optional[str]:
+    if s.cfg.admission != "pages":
+        return (f"config.admission is {s.cfg.admission!r}: the chunked request continues in "
+                f"a prefill round (schedule, schedule_round), sized by its budget")
     return mamba_tree.chunk_refusal(s, req)
 
 
@@ -127,10 +136,23 @@ def _prefill_chunk_effect(s: State, op: O.PrefillChunk) -> str:
     return _prefill_chunk(s, s.reqs[op.rid])
 
 
+def _prefill_first(s: State) -> Optional[str]:
+    """Under `config.admission` 'reserve' the scheduler's own order: while a chunked request
+    is in flight every iteration runs its prefill round, and no decode step starts
+    (`get_next_batch_to_run` takes the prefill batch first, 0.5.15 `scheduler.py`
+    l.2684-2701, 0.5.23 l.3972-3990; mixed chunks are not modelled). The 'pages' rule
+    lets the two interleave."""
+    if s.cfg.admission == "pages":
+        return None
+    chunked = next((r.rid for r in dict.values(s.reqs) if r.phase == "prefill"), None)
+    return None if chunked is None else \
+        f"request {chunked} is the chunked request in flight: its prefill rounds come first"
+
+
 def _decode_check(s: State, op: O.Decode, req: Req) -> Optional[str]:
     return (("config.spec_enabled is true: decode steps are spec_decode"
              if s.cfg.spec_enabled else None)
-            or _output_refusal(req))
+            or _prefill_first(s) or _output_refusal(req))
 
 
 def _decode_effect(s: State, op: O.Decode) -> str:
@@ -144,7 +166,7 @@ def _spec_decode_check(s: State, op: O.SpecDecode, req: Req) -> Optional[str]:
                 f"drafts must be in [1, config.max_drafts={cfg.max_drafts}], got {op.drafts}")
             or (None if 0 <= op.accepted <= op.drafts else
                 f"accepted must be in [0, drafts={op.drafts}], got {op.accepted}")
-            or _output_refusal(req)
+            or _prefill_first(s) or _output_refusal(req)
             or (None if req.committed + 2 * (op.drafts + 1) <= cfg.max_context_len else
                 f"request {op.rid}'s drafts would pass config.max_context_len"))
 
@@ -171,6 +193,9 @@ def _schedule_round_check(s: State, op: O.ScheduleRound) -> Optional[str]:
             if rid not in chunked:
                 return (f"request {chunked[0]} is the chunked request in flight: the round "
                         f"continues it first")
+            if op.limit == 0 and s.cfg.admission != "pages":
+                return (f"config.admission is {s.cfg.admission!r}: add_chunked_req always "
+                        f"continues the chunked request (limit must be >= 1)")
             why = mamba_tree.chunk_refusal(s, req)
         else:
             why = _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
@@ -190,6 +215,9 @@ def _decode_round_check(s: State, op: O.DecodeRound) -> Optional[str]:
         return "config.spec_enabled is true: decode steps are spec_decode"
     if s.cfg.hybrid:
         return "decode_round is modelled without SWA and Mamba pools"
+    why = _prefill_first(s)
+    if why:
+        return why
     for rid in op.rids:
         req = dict.get(s.reqs, rid)
         if req is None:
@@ -270,7 +298,7 @@ _TABLE = (
     Action(O.AbortQueued, ("queued",), _ok_on, _leave_queue),
     Action(O.PreAbort, ("queued",), _pre_abort_check, _pre_abort_effect),
     Action(O.AbortRunning, ("prefill", "decode"), _ok_on, _abort_running_effect),
-    Action(O.Retract, ("decode",), _ok_on, _retract_effect),
+    Action(O.Retract, ("decode",), lambda s, op, req: _prefill_first(s), _retract_effect),
     Action(O.CloseSession, (), _ok, _close),
     Action(O.Evict, (), _evict_check, _evict_effect),
     Action(O.QueueReject, ("queued",), _queue_reject_check, _leave_queue),

@@ -10,7 +10,8 @@ from kvcheck.spec.finish import (CLIP_MAX_NEW_TOKENS, _retract, enter_waiting_qu
                                  preemption_order, running_batch, running_offset,
                                  update_running_batch)
 from kvcheck.spec.forward import _checkpoint_chunk, _prepare_for_extend, _process_prefill_result
-from kvcheck.spec.pages import ceil_align, chunk_end, pages_needed_extend, restore_prefix_len
+from kvcheck.spec.pages import (ceil_align, chunk_end, pages_needed_extend, reserve_chunk_end,
+                                restore_prefix_len)
 from kvcheck.spec.radix_cache import _walk, dec_lock_ref, evict_mamba, inc_lock_ref, match_prefix
 from kvcheck.spec.sessions import _free_tail, _restore_to_req, accepts, find_active_slot
 from kvcheck.spec.state import ROOT, Req, State
@@ -149,37 +150,74 @@ def _schedule_round(s: State, reqs: list, limit) -> str:
     return "ok" if len(batch) == len(reqs) else "rejected"
 
 
+NO_TOKEN, OTHER, CONTINUE = "NO_TOKEN", "OTHER", "CONTINUE"
+"""`AddReqResult`'s verdicts, as `PrefillAdder.budget_state()` gives them."""
+
+
 class _Budget:
     """What one PrefillAdder has left while it admits a round: rows, KV tokens (beyond
     what the live `available + evictable` shows: the admitted requests' page-ceiled
     extends) and the chunk (`rem_chunk_tokens`, None: no chunked prefill). Under priority
-    scheduling also `memory_budget.total_offset`, which preemption reads: the running
-    batch's remaining output, then each admitted request's charge."""
+    scheduling or `config.admission` 'reserve' also `memory_budget.total_offset` (the
+    running batch's remaining output, then each admitted request's charge) and, under
+    'reserve', `current_offset` (each admitted request's extend and page)."""
 
     def __init__(self, s: State):
         self.rows = len(s.free_rows)
+        self.new_rows = 0               # admitted requests that take a row
+        self.admitted = 0               # len(can_run_list)
         self.reserved = 0
         self.chunk = s.cfg.chunk_size
         self.offset = sum(s.unfiltered) + sum(map(running_offset, running_batch(s))) \
-            if s.cfg.enable_priority_scheduling else 0
+            if s.cfg.enable_priority_scheduling or reserves(s) else 0
+        self.current = 0
         self.preempted: list = []
 
     def spent(self) -> bool:
         """`budget_state() == OTHER` for the chunk: the next request is not considered."""
         return self.chunk is not None and self.chunk <= 0
 
+    def remaining_total(self, s: State) -> int:
+        """`rem_total_tokens`: available + evictable less the reservations."""
+        return available_size(s) + s.evictable_size - self.offset
+
+    def state(self, s: State) -> str:
+        """`budget_state()`: NO_TOKEN once the reservations reach available + evictable,
+        OTHER once the chunk is spent."""
+        room = available_size(s) + s.evictable_size
+        if room - self.offset <= 0 or room - self.current <= 0:
+            return NO_TOKEN
+        return OTHER if self.spent() else CONTINUE
+
+    def rows_full(self, s: State) -> bool:
+        """`len(can_run_list) >= get_num_allocatable_reqs(...)`, before the next match:
+        'pages' and 0.5.23 ('reserve-held-rows') count the rows the admitted requests
+        take; 0.5.14-0.5.22 ('reserve') every admitted request against the free rows."""
+        if s.cfg.admission == "reserve":
+            return self.admitted >= self.rows + self.new_rows
+        return self.rows <= 0
+
     def charge(self, s: State, req: Req, prefix: int, end: int) -> None:
         """`_update_prefill_budget`: the page-ceiled extend from the chunk and KV budgets."""
+        P = s.cfg.page_size
         need = _new_tokens_needed(s, prefix, end)
         self.reserved += need
+        self.admitted += 1
         if req.row is None:
             self.rows -= 1
+            self.new_rows += 1
         if self.chunk is not None:
-            self.chunk -= ceil_align(end - prefix, s.cfg.page_size)
-        if s.cfg.enable_priority_scheduling:   # PrefillBudget.reserve: the page-ceiled
-            P = s.cfg.page_size                 # extend, a page, and max_new_tokens
+            self.chunk -= ceil_align(end - prefix, P)
+        if s.cfg.enable_priority_scheduling or reserves(s):   # PrefillBudget.reserve: the
             self.offset += ceil_align(end - prefix, P) + P + \
                 (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if end == req.seqlen else 0)
+            self.current += ceil_align(end - prefix, P) + P   # page-ceiled extend, a page,
+                                                              # and max_new_tokens
+
+
+def reserves(s: State) -> bool:
+    """Whether the round runs upstream's own PrefillAdder budget (`config.admission`)."""
+    return s.cfg.admission != "pages"
 
 
 def _admit_round(s: State, reqs: list, limit) -> list:
@@ -191,13 +229,13 @@ def _admit_round(s: State, reqs: list, limit) -> list:
     budget = _Budget(s)
     batch = []
     for i, req in enumerate(reqs):
-        if budget.spent():
+        if _ends_before_match(s, budget):
             break
         if req.phase == "prefill":
             item = _add_chunked_req(s, req, budget, refused=limit is not None and i >= limit)
         else:
-            if s.cfg.enable_priority_scheduling and budget.rows <= 0 and \
-                    not preempt_to_schedule(s, req, budget):
+            if (reserves(s) or s.cfg.enable_priority_scheduling) and budget.rows_full(s) and \
+                    not (s.cfg.enable_priority_scheduling and preempt_to_schedule(s, req, budget)):
                 break           # batch_is_full, and nothing to preempt for it
             item = _add_one_req(s, req, budget, refused=limit is not None and i >= limit)
             if item is None:
@@ -205,11 +243,23 @@ def _admit_round(s: State, reqs: list, limit) -> list:
         if item is not None:
             batch.append(item)
             budget.charge(s, *item)
-            if item[2] < item[0].seqlen and req.phase != "prefill":
+            if reserves(s):
+                if req.phase != "prefill" and budget.state(s) != CONTINUE:
+                    break       # add_one_req returns budget_state()
+            elif item[2] < item[0].seqlen and req.phase != "prefill":
                 break           # the new chunked request: rem_chunk_tokens is spent
     for victim in budget.preempted:     # the preempted re-enter the waiting queue
         enter_waiting_queue(s, victim)
     return batch
+
+
+def _ends_before_match(s: State, budget: _Budget) -> bool:
+    """The round's check before the next waiting request: 'pages', the chunk budget spent;
+    0.5.23 ('reserve-held-rows'), `budget_state() == OTHER` (scheduler.py l.4207); 0.5.14-
+    0.5.22 ('reserve') none: their loop reads the budget only from add_one_req."""
+    if not reserves(s):
+        return budget.spent()
+    return s.cfg.admission == "reserve-held-rows" and budget.state(s) == OTHER
 
 
 def preempt_to_schedule(s: State, req: Req, budget: _Budget) -> bool:
@@ -245,9 +295,11 @@ def preempt_to_schedule(s: State, req: Req, budget: _Budget) -> bool:
 def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
     """`init_next_round_input` (the match) and `add_one_req`: the admission lock, then the
     row, Mamba, KV (available + evictable less the round's reservations), SWA and chunk
-    budgets; a refused request gives its lock back. None when it is refused."""
+    budgets ('reserve': upstream's own test, `_reserve_fits`); a refused request gives its
+    lock back. None when it is refused."""
     prefix = _match(s, req)
-    end = chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size)
+    end = reserve_chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size) if reserves(s) \
+        else chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size)
     if refused or end <= prefix < req.seqlen:
         _mamba_revert_cow(s, req)
         return None
@@ -261,9 +313,14 @@ def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
                          f"keep", upstream=(NO_ROW,))
     # FIX(U9): the rows are checked again after a preemption (a preempted streaming
     # turn's row stays with its session's slot)
-    if (req.row is None and budget.rows < 1) or mamba_pool.mamba_short(s, req) or \
-            need + budget.reserved > available_size(s) + s.evictable_size or \
-            swa_tree.swa_admission_short(s, need + budget.reserved):
+    if reserves(s):
+        fits = _reserve_fits(s, req, budget, prefix) and \
+            not (req.row is None and budget.rows < 1 and budget.preempted)
+    else:
+        fits = not ((req.row is None and budget.rows < 1) or mamba_pool.mamba_short(s, req) or
+                    need + budget.reserved > available_size(s) + s.evictable_size or
+                    swa_tree.swa_admission_short(s, need + budget.reserved))
+    if not fits:
         dec_lock_ref(s, req.last_node)
         req.locked = was_locked
         _mamba_revert_cow(s, req)
@@ -273,15 +330,34 @@ def _add_one_req(s: State, req: Req, budget: _Budget, refused: bool):
     return req, prefix, end
 
 
+def _reserve_fits(s: State, req: Req, budget: _Budget, prefix: int) -> bool:
+    """`add_one_req`'s memory test under its lock (0.5.15 `schedule_policy.py`
+    l.1013 and l.1035, 0.5.23 l.1404-1431 and `prefill_budget.py` l.114-131): the whole
+    remaining input, the remaining output (clipped) and a page, strictly below
+    `rem_total_tokens`. (A chunk cut to nothing, OTHER, was refused before the lock:
+    the state after either refusal is the same.)"""
+    out = min(max(req.max_new_tokens - len(req.output), 0), CLIP_MAX_NEW_TOKENS)
+    total = req.seqlen - prefix + out + s.cfg.page_size
+    return total < budget.remaining_total(s)
+
+
 def _add_chunked_req(s: State, req: Req, budget: _Budget, refused: bool):
     """The chunked request's next round: its last chunk is checkpointed
     (`cache_unfinished_req(chunked=True)`), `init_next_round_input()` refreshes its fill
     without a match, and `add_chunked_req` sizes the chunk by what the round has left.
-    None when the KV budget does not take it (it stays the chunked request)."""
+    'pages': None when the KV budget does not take it (it stays the chunked request);
+    'reserve': always taken, cut to `min(rem_chunk_tokens, rem_total_tokens)`, or to the
+    whole chunk when nothing is left (0.5.15 l.797-836, 0.5.23 l.1140-1222: "otherwise,
+    it will cause a memory leak")."""
     _checkpoint_chunk(s, req)
     prefix = req.extend_end
+    if refused:
+        return None
+    if reserves(s):
+        room = min(budget.chunk, budget.remaining_total(s))
+        return req, prefix, prefix + min(req.seqlen - prefix, room if room > 0 else budget.chunk)
     end = chunk_end(prefix, req.seqlen, budget.chunk, s.cfg.page_size)
-    if refused or end <= prefix or \
+    if end <= prefix or \
             _new_tokens_needed(s, prefix, end) + budget.reserved > available_size(s) + s.evictable_size:
         return None
     return req, prefix, end

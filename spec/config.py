@@ -45,6 +45,7 @@ assert set(typing.get_args(Accepted)) == set(ACCEPTABLE)
 
 
 MambaExtraBuffer = Literal["off", "eager", "lazy"]
+Admission = Literal["pages", "reserve", "reserve-held-rows"]
 HYBRID_DEFAULTS = {"swa_window": 0, "swa_num_pages": None, "swa_eviction_interval": 1,
                    "mamba_slots": 0, "mamba_extra_buffer": "off", "prefill_aware_swa": False}
 """The hybrid fields and their off values: a trace of a non-hybrid run omits them."""
@@ -53,7 +54,7 @@ TREE_DEFAULTS = {"disable_radix_cache": False, "mamba_tree": False}
 ALLOCATOR_DEFAULTS = {"need_sort": True, "debug_mode": False}
 """The KV allocator's settings and the values traces written before them ran with: a
 trace omits them at these values."""
-SCHEDULE_DEFAULTS = {"enable_priority_scheduling": False,
+SCHEDULE_DEFAULTS = {"admission": "pages", "enable_priority_scheduling": False,
                      "priority_scheduling_preemption_threshold": 10,
                      "filter_before_prefill": False}
 """The scheduler's policy switches at their default: a trace omits them at these values."""
@@ -133,6 +134,21 @@ class Config:
     """`SGLANG_DEBUG_MEMORY_POOL`: the allocator asserts on every free (no duplicate page
     in the free lists) and on each alloc's congruence; a violation is an exception (E1)
     instead of the concrete check C2/C3 one step later. The spec ignores it."""
+    admission: Admission = "pages"
+    """The prefill round's admission rule (spec/admission.py). `pages`: a request is
+    admitted when the round's new pages fit available + evictable, and the chunked request
+    continues when its chunk does. `reserve`: upstream's own `PrefillAdder` budget
+    (0.5.14-0.5.22): each admitted request reserves its page-ceiled extend, a page and
+    (unless chunked) `min(max_new_tokens, CLIP)` of decode headroom, and the running batch
+    its remaining output; a request is admitted when its whole remaining input,
+    remaining output and a page are strictly below available + evictable less those
+    reservations (NO_TOKEN ends the round); a new chunk ends at a page boundary of the
+    sequence; the chunked request always continues, cut to what the budget has left; the
+    rows are counted before each match, every admitted request against the free rows.
+    `reserve-held-rows`: the same as 0.5.23 runs it: rows a request of the round already
+    holds are added back to the free rows, and a spent chunk budget ends the round before
+    the next match. Not with the hybrid pools or a disabled tree (upstream's
+    `add_one_req_ignore_eos` path)."""
     enable_priority_scheduling: bool = False
     """`--enable-priority-scheduling` (preemption on, `schedule_low_priority_values_first`
     off): requests carry a `priority`, and a prefill round whose rows are spent preempts
@@ -146,7 +162,7 @@ class Config:
     every prefill round (scheduler.py l.3963-3968); before it (False) a request that
     finished in the last decode step is still in the batch when the next round admits
     (the two-phase finish), counted by the PrefillAdder's budget and skipped by
-    preemption. Read under priority scheduling only."""
+    preemption. Read under priority scheduling and `admission` 'reserve' only."""
     drain: bool = False
     """The run ends with a drain (spec/progress.py): after the trace's operations the
     scheduler runs alone, with no new request, until every request is finished or released
@@ -218,6 +234,9 @@ def _hybrid_error(cfg: "Config") -> Optional[str]:
     if cfg.enable_priority_scheduling and cfg.hybrid:
         return ("config.enable_priority_scheduling is not modelled with the hybrid pools "
                 "(swa_window, mamba_slots)")
+    if cfg.admission != "pages" and (cfg.hybrid or cfg.disable_radix_cache):
+        return (f"config.admission {cfg.admission!r} is modelled without the hybrid pools "
+                "(swa_window, mamba_slots) and with the radix tree on (disable_radix_cache)")
     if not cfg.swa_window and cfg.swa_num_pages is not None:
         return "config.swa_num_pages needs config.swa_window >= 1 (0 = no SWA pool)"
     if cfg.prefill_aware_swa and not (cfg.swa_window and cfg.era == "borrow"):

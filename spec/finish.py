@@ -99,18 +99,23 @@ def _lookahead(s: State, req: Req) -> None:
 
 def _finish(s: State, req: Req) -> None:
     _lookahead(s, req)
-    _stays_in_batch(s, req)
+    decoding = req.phase == "decode"
     _finished(s, req, "length")
     req.finished_len = min(len(req.output), req.max_new_tokens)
     release_kv_cache(s, req)
+    _stays_in_batch(s, req, decoding)
     del s.reqs[req.rid]
 
 
-def _stays_in_batch(s: State, req: Req) -> None:
+def _stays_in_batch(s: State, req: Req, decoding: bool) -> None:
     """The two-phase finish: a decoding request that finishes is released at once
     (`process_batch_result`) but stays in the running batch, its remaining output still
-    counted by the next PrefillAdder, until `update_running_batch` filters it."""
-    if s.cfg.enable_priority_scheduling and req.phase == "decode":
+    counted by the next PrefillAdder (under priority scheduling or `config.admission`
+    'reserve', which read it), until `update_running_batch` filters it. Read after the
+    release, as the next round reads it: a streaming turn's `_trim_overshoot` has cut its
+    output at `finished_len` (a plain request's speculative overshoot stays, and counts
+    below zero)."""
+    if (s.cfg.enable_priority_scheduling or s.cfg.admission != "pages") and decoding:
         s.unfiltered = tuple(sorted(s.unfiltered + (running_offset(req),)))
 
 
@@ -133,9 +138,10 @@ def _finished(s: State, req: Req, reason: str) -> None:
 
 
 def _abort_running(s: State, req: Req) -> None:
-    _stays_in_batch(s, req)
+    decoding = req.phase == "decode"
     _finished(s, req, "abort")
     release_kv_cache(s, req)
+    _stays_in_batch(s, req, decoding)
     del s.reqs[req.rid]
 
 

@@ -31,6 +31,13 @@ def _checkpoint_chunk(s: State, req: Req) -> None:
     refresh_fill(s, req)
 
 
+PREFILL_OOM = "Prefill out of memory"
+"""`alloc_paged_token_slots_extend` / `alloc_token_slots` when the batch's extend does not
+fit after the eviction (0.5.15 `mem_cache/common.py` l.389, 0.5.23 `allocation.py` l.239):
+the scheduler raises. The 'pages' admission never lets it happen; under 'reserve' the
+chunked request always continues, whatever is free."""
+
+
 def _prepare_for_extend(s: State, batch: list) -> None:
     """`ScheduleBatch.init_new(can_run_list).prepare_for_extend()` -> `alloc_for_extend`
     for the whole batch: `alloc_req_slots` (rows; a held row is reused), one eviction for
@@ -58,7 +65,8 @@ def _prepare_for_extend(s: State, batch: list) -> None:
                           + (len(batch) * P if P > 1 else 0))
     for req, prefix, end in batch:
         if not _alloc_extend(s, req.row, prefix, end, evict=False):
-            raise ModelError(f"alloc_for_extend failed after admission for req {req.rid}")
+            raise ModelError(f"{PREFILL_OOM} (alloc_for_extend after admission, req {req.rid})",
+                             upstream=(PREFILL_OOM,))
     for req, prefix, end in batch:
         _write_kv(s, req.row, prefix, end, req.fill)     # the forward's input: get_fill_ids()
         req.committed = req.allocated = req.extend_end = end

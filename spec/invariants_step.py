@@ -78,7 +78,10 @@ def idempotent_restore(a: AbstractState, op, outcome, b: AbstractState, cfg=None
     out = []
     if ta != tb:
         out.append(_v(idempotent_restore, f"second restore changed the slot: {ta} -> {tb}", f"slot of session {sid}"))
-    if len(a.free_pages) != len(b.free_pages):
+    after = {x.rid: x for x in b.reqs}
+    preempted = any(x.phase == "decode" and x.rid in after and after[x.rid].phase == "queued"
+                    for x in a.reqs)    # priority scheduling: the victims' release frees pages
+    if len(a.free_pages) != len(b.free_pages) and not preempted:
         out.append(_v(idempotent_restore, f"second restore freed {len(b.free_pages) - len(a.free_pages)} "
                       "page(s)", _req(r)))
     return out

@@ -143,6 +143,21 @@ def chunk_end(prefix: int, input_len: int, chunk_size: int | None, p: int) -> in
     return min(input_len, prefix + (chunk_size // p) * p)
 
 
+def reserve_chunk_end(prefix: int, input_len: int, chunk_size: int | None, p: int) -> int:
+    """`add_one_req`'s extend end (0.5.15 `schedule_policy.py` l.1081-1120, 0.5.23
+    l.1650-1671): the whole input when its page-ceiled extend fits the chunk budget, else
+    a chunk of `chunk_size // P * P` tokens cut back to a page boundary of the sequence
+    (`(prefix + trunc) // P * P`); `prefix` itself when that leaves nothing
+    (AddReqResult.OTHER: the request is refused).
+    pre: p >= 1
+    pre: 0 <= prefix < input_len
+    post: prefix <= __return__ <= input_len
+    """
+    if chunk_size is None or ceil_align(input_len - prefix, p) <= chunk_size:
+        return input_len
+    return max(prefix, (prefix + chunk_size // p * p) // p * p)
+
+
 def segment_trim(prev_end: int, start: int, n: int, p: int) -> tuple[int, int]:
     """`free_segments` boundary rule: a segment [start, start+n) whose first page is the
     previous segment's last page is trimmed to start at the next page boundary.

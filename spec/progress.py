@@ -109,7 +109,10 @@ def _prefill_ops(s: State, waiting: list):
         return
     yield O.ScheduleRound(tuple(waiting))
     for rid in waiting:
-        yield O.PrefillChunk(rid) if s.reqs[rid].phase == "prefill" else O.Schedule(rid)
+        if s.reqs[rid].phase != "prefill":
+            yield O.Schedule(rid)
+        else:       # 'reserve': the chunked request continues only in a round
+            yield O.PrefillChunk(rid) if s.cfg.admission == "pages" else O.ScheduleRound((rid,))
 
 
 def _decode_ops(s: State, decoding: list):

@@ -126,10 +126,11 @@ def test_check_json_has_the_beyond_summary(tmp_path):
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.exists(), p.stdout + p.stderr
     s = json.loads(out.read_text())
-    assert s["beyond"]["sequences"] == 13
-    assert s["beyond"]["reasons"] == {"I17": 1, "I22": 6, "I4": 2, "ModelError": 4}
+    assert s["beyond"]["sequences"] == 9
+    assert s["beyond"]["reasons"] == {"I1": 1, "I22": 5, "I26": 1, "ModelError": 1, "P1": 1}
     assert s["beyond"]["steps_not_compared"] > 0
-    assert "beyond the accepted findings' model: 13 sequences (I22 x6, ModelError x4, I4 x2, I17 x1)" in p.stdout
+    assert "beyond the accepted findings' model: 9 sequences (I22 x5, I1 x1, I26 x1, ModelError x1, "\
+           "P1 x1)" in p.stdout
 
 
 def test_replay_says_where_it_stopped_comparing(tmp_path, capsys):

@@ -27,7 +27,7 @@ TINY = E.PRESETS["tiny"][0]
 SHALLOW = {"check-two-sessions": 6, "check-overlap": 8, "check-p1": 7, "check-spec-borrow": 8,
            "check-hybrid": 7, "check-mamba-tree": 7, "check-hybrid-borrow": 7,
            "check-p4-spec-chunk": 8, "check-mamba-tree-0515": 7, "check-rounds": 7,
-           "check-priority": 7, "check-progress": 8}
+           "check-priority": 7, "check-reserve": 7, "check-progress": 8}
 """Every scope of the check preset, at a depth that a test explores in about a second."""
 
 

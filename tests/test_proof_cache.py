@@ -92,7 +92,7 @@ def test_crosshair_rechecks_only_changed_contracts_and_their_callers():
     after = function_sources(text.replace("return -(-x // p)", "return (x + p - 1) // p"))
     changed = {n for n in before if before[n] != after[n]}
     assert {"ceil_div", "ceil_align", "free_kv_aligned_start", "free_kv_aligned_pages",
-            "pages_needed_extend", "owned_tokens"} == changed
+            "pages_needed_extend", "owned_tokens", "reserve_chunk_end"} == changed
 
 
 def test_a_cache_that_cannot_be_written_is_a_warning_not_a_traceback(tmp_path, capsys):

@@ -32,6 +32,7 @@ SIGNATURES = {
     "free_tail_lengths": ("committed", "allocated", "prefix_len"),
     "restore_prefix_len": ("committed", "input_len"),
     "chunk_end": ("prefix", "input_len", "chunk_size", "p"),
+    "reserve_chunk_end": ("prefix", "input_len", "chunk_size", "p"),
     "segment_trim": ("prev_end", "start", "n", "p"),
 }
 
@@ -66,7 +67,7 @@ def test_symbolic_term_matches_python(name):
     params = SIGNATURES[name]
     syms = [z3.Int(p) for p in params]
     args = list(syms)
-    chunk_none = name == "chunk_end"
+    chunk_none = name in ("chunk_end", "reserve_chunk_end")
     term = symbolic(name, *args)
     term_none = symbolic(name, syms[0], syms[1], None, syms[3]) if chunk_none else None
     rng = random.Random(name)

@@ -55,7 +55,11 @@ CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
           ("0.5.23", "extend_rows_swapped", "C4", 4, "sglang-rounds"),
           # upstream's own preempt_to_schedule: the two-phase finish, the victims' order
           ("0.5.15", "preempt_takes_finished", "E1", 6, "sglang-priority-finish"),
-          ("0.5.15", "preempt_oldest_first", "D1", 5, "sglang-priority")]
+          ("0.5.15", "preempt_oldest_first", "D1", 5, "sglang-priority"),
+          # upstream's own admission (config.admission): the running batch's reservation,
+          # the strict memory test
+          ("0.5.15", "running_output_unreserved", "D2", 6, "sglang-reserve"),
+          ("0.5.23", "admission_not_strict", "D2", 6, "sglang-reserve")]
 
 
 @pytest.mark.parametrize("version,fault,inv,step,scope",

@@ -94,8 +94,9 @@ class SglangBackend(Drive, ReadBack, Concrete):
         self.shadow: dict[int, int] = {}     # kv index -> token id whose KV was written
         self.live: dict[int, _Live] = {}
         self.clock = 0.0
-        # priority scheduling: the running batch in merge order (a finished request stays
-        # until it is filtered), and the clock of `wait_queue_entry_time`
+        # priority scheduling and `config.admission` 'reserve': the running batch in merge
+        # order (a finished request stays until it is filtered), and the clock of
+        # `wait_queue_entry_time`
         self.running: list[_Live] = []
         self.entries = 0
         self._build()

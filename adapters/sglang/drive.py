@@ -361,8 +361,8 @@ class Drive(PrefillRound, DecodeRound):
             return
         self._cache_unfinished(L, chunked=False)
         L.phase = "decode"
-        if self.cfg.enable_priority_scheduling:     # merged into the running batch
-            self.running.append(L)
+        if self.cfg.enable_priority_scheduling or self.cfg.admission != "pages":
+            self.running.append(L)      # merged into the running batch, which they read
 
     def _cache_unfinished(self, L, chunked: bool) -> None:
         from sglang.srt.mem_cache import common

@@ -37,7 +37,8 @@ from kvcheck.adapters.sglang.faults_round import (_round_charge_leak, _admission
                                                   _admission_pin_kept,
                                                   _retract_keeps_least_preferred,
                                                   _decode_mem_one_page, _extend_rows_swapped,
-                                                  _preempt_takes_finished, _preempt_oldest_first)
+                                                  _preempt_takes_finished, _preempt_oldest_first,
+                                                  _running_output_unreserved, _admission_not_strict)
 from kvcheck.adapters.sglang.faults_session import (_free_tail_noop, _preabort_restores_slot,
                                                     _free_kv_aligned_floor, _trim_overshoot_noop,
                                                     _finish_keeps_req_row, _close_keeps_tree_lock,
@@ -177,6 +178,17 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "longest-waiting running request is preempted first",
           "preempt_to_schedule's sort key (priority, -wait_queue_entry_time)",
           _preempt_oldest_first),
+    # caught under config.admission 'reserve', where the round's admission is upstream's
+    Fault("running_output_unreserved", BOTH,
+          "the PrefillAdder reserves nothing for the running batch's remaining output: a "
+          "round admits into the decode headroom promised to the running requests",
+          "PrefillAdder.__init__'s 'Estimate the offset in the remaining token space' "
+          "(_get_running_request_total_token_offset)", _running_output_unreserved),
+    Fault("admission_not_strict", BOTH,
+          "add_one_req admits a request whose reservation exactly fills what is left",
+          "0.5.15 add_one_req's total_tokens >= rem_total_tokens -> NO_TOKEN; 0.5.23 "
+          "PrefillBudget.check_prefill's total_tokens < remaining_total",
+          _admission_not_strict),
     Fault("extend_rows_swapped", BOTH,
           "alloc_for_extend gets the batch's rows in reverse order: each request's KV "
           "indices are written into another request's row",

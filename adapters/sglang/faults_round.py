@@ -152,3 +152,33 @@ def _preempt_oldest_first(version: str) -> None:
                     r.time_stats.wait_queue_entry_time *= -1
         return preempt_to_schedule
     _patch(POLICY, "PrefillAdder", "preempt_to_schedule", make)
+
+
+def _running_output_unreserved(version: str) -> None:
+    # The PrefillAdder built over the running batch reserves each running request's
+    # remaining output (`_get_running_request_total_token_offset`, "Estimate the offset in
+    # the remaining token space"), so a round does not admit into the decode headroom the
+    # running requests were promised. Reserve nothing for them.
+    def make(orig):
+        def _get_running_request_total_token_offset(self, req):
+            return 0
+        return _get_running_request_total_token_offset
+    _patch(POLICY, "PrefillAdder", "_get_running_request_total_token_offset", make)
+
+
+def _admission_not_strict(version: str) -> None:
+    # add_one_req admits a request only when its reservation is strictly below what is
+    # left (0.5.15 `total_tokens >= self.rem_total_tokens` -> NO_TOKEN; 0.5.23
+    # `PrefillBudget.check_prefill`'s `total_tokens < self.remaining_total`). Admit one
+    # that exactly fills it: one token more is left for the call, and given back after.
+    def make(orig):
+        def add_one_req(self, req, *args, **kwargs):
+            budget, field = (self.memory_budget, "total_offset") \
+                if hasattr(self, "memory_budget") else (self, "rem_total_token_offset")
+            setattr(budget, field, getattr(budget, field) - 1)
+            try:
+                return orig(self, req, *args, **kwargs)
+            finally:
+                setattr(budget, field, getattr(budget, field) + 1)
+        return add_one_req
+    _patch(POLICY, "PrefillAdder", "add_one_req", make)

@@ -167,6 +167,14 @@ def filters_before_prefill(version) -> bool:
     return release_tuple(version) >= (0, 5, 23)
 
 
+def admission_rule(version) -> str:
+    """The `Config.admission` value that follows the release's own PrefillAdder round:
+    'reserve-held-rows' from 0.5.23 (the rows the round's requests hold added back,
+    scheduler.py l.4225; `budget_state()` OTHER before each match, l.4207), 'reserve'
+    before it (0.5.15 scheduler.py l.2728-2731 and l.2853-2858; 0.5.22 l.3907-3925)."""
+    return "reserve-held-rows" if release_tuple(version) >= (0, 5, 23) else "reserve"
+
+
 def spec_swa_keep(version) -> bool:
     """Whether the release keeps `ceil_align(max(window, P), P)` SWA tokens behind pre_len
     (kvcheck.spec.swa_pool.swa_keep: 0.5.23, and the wrapper era, whose rule is its own): 0.5.22

@@ -67,6 +67,8 @@ class PrefillRound:
         session hooks, and its result is processed request by request."""
         if self.cfg.filter_before_prefill:
             self._filter_batch()
+        if self.cfg.admission != "pages":
+            return self._upstream_round(rids, limit)
         adder = self._prefill_adder()
         kv = _RoundKV(self.pool.available_size())
         batch, preempted = [], []
@@ -86,6 +88,11 @@ class PrefillRound:
                     break
             if item is not None:
                 batch.append(item)
+        return self._run_round(rids, batch, preempted)
+
+    def _run_round(self, rids: list, batch: list, preempted: list) -> str:
+        """The round's end: the preempted wait again, one `prepare_for_extend` allocates the
+        batch, and each request's prefill result is processed."""
         for L in sorted(preempted, key=lambda L: (L.req.priority, -L.entered)):
             self._enqueue(L)            # the preempted re-enter the waiting queue
         if batch:
@@ -95,6 +102,73 @@ class PrefillRound:
                 if end == input_len:
                     self._prefill_result(L)
         return "ok" if len(batch) == len(rids) else "rejected"
+
+    def _upstream_round(self, rids: list, limit) -> str:
+        """`config.admission` 'reserve' / 'reserve-held-rows': the round as
+        `_get_new_batch_prefill_raw` runs it (0.5.15 `scheduler.py` l.2800-2936, 0.5.22
+        l.4050-4160, 0.5.23 l.4153-4330), every admission decision upstream's own: the
+        PrefillAdder built over the running batch (its remaining output reserved),
+        `add_chunked_req` for the chunked request, then per waiting request the rows check
+        (`_rows_full`), `init_next_round_input` and `add_one_req` until its verdict is not
+        CONTINUE (0.5.23 also ends the round before a match on `budget_state()` OTHER)."""
+        from sglang.srt.managers.schedule_policy import AddReqResult
+        running = _RunningBatch(self, list(self.running))
+        adder = self._prefill_adder(running)
+        adder.priority_scheduling_preemption_threshold = \
+            self.cfg.priority_scheduling_preemption_threshold
+        batch, preempted, chunked = [], [], False
+        for i, rid in enumerate(rids):
+            L, refused = self.live[rid], limit is not None and i >= limit
+            if L.phase == "prefill":
+                prefix, input_len = self._checkpoint_chunk(L)
+                chunked = True
+                if not refused:
+                    adder.add_chunked_req(L.req)
+                    batch.append((L, prefix, self._extend_end(L.req), input_len))
+                continue
+            if self.cfg.admission == "reserve-held-rows" and \
+                    adder.budget_state() == AddReqResult.OTHER:
+                break
+            if self._rows_full(adder) and not (self.cfg.enable_priority_scheduling and
+                                               self._preempt(adder, running, L, preempted)):
+                break           # batch_is_full, and nothing to preempt for it
+            req = L.req
+            req.init_next_round_input(self.cache)             # match_prefix
+            if self.shared:
+                self._note_slot_copies(restored=req)
+            prefix, input_len = self._prefix_len(req), len(req.origin_input_ids) + len(req.output_ids)
+            res = AddReqResult.OTHER if refused else \
+                adder.add_one_req(req, has_chunked_req=chunked, truncation_align_size=None)
+            if not (adder.can_run_list and adder.can_run_list[-1] is req):
+                self._rejected(req)
+                break
+            L.locked = True
+            batch.append((L, prefix, self._extend_end(req), input_len))
+            if res != AddReqResult.CONTINUE:
+                break
+        return self._run_round(rids, batch, preempted)
+
+    def _rows_full(self, adder) -> bool:
+        """The scheduler's row check before each match, `len(can_run_list) >=
+        get_num_allocatable_reqs(running_bs)` (kvcheck's glue: `pp_max_micro_batch_size`
+        unbounded): the free rows (0.5.15 `scheduler.py` l.2728-2731, 0.5.22 l.3907-3925),
+        0.5.23 adding back the rows the admitted requests hold (l.4027-4050, `num_held_rows`
+        l.4225)."""
+        rows = self.pool.available_size()
+        if self.cfg.admission == "reserve-held-rows":
+            rows += sum(self._row(r) is not None for r in adder.can_run_list)
+        return len(adder.can_run_list) >= rows
+
+    def _preempt(self, adder, running, L, preempted: list) -> bool:
+        """Upstream's own `preempt_to_schedule(req)` over the adder's running batch, which
+        it was built with: its victims wait again after the round."""
+        from sglang.srt.server_args import get_global_server_args
+        before = len(adder.preempt_list)
+        args = (get_global_server_args(),) if self.api == "flat" else ()
+        ok = adder.preempt_to_schedule(L.req, *args)
+        by_req = {id(x.req): x for x in running.lives + list(self.live.values())}
+        preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
+        return ok
 
     def _preempt_to_schedule(self, adder, L, kv, preempted: list) -> bool:
         """Upstream's own `PrefillAdder.preempt_to_schedule(req)` over the running batch
@@ -140,12 +214,13 @@ class PrefillRound:
         return adder.rem_input_tokens <= 0 or \
             (adder.rem_chunk_tokens is not None and adder.rem_chunk_tokens <= 0)
 
-    def _prefill_adder(self):
-        """The round's `PrefillAdder`, as `_get_new_batch_prefill_raw` builds it: no
-        running batch (its reservation is not modelled), `max_prefill_tokens` unbounded,
-        `chunked_prefill_size` the config's."""
+    def _prefill_adder(self, running=None):
+        """The round's `PrefillAdder`, as `_get_new_batch_prefill_raw` builds it:
+        `max_prefill_tokens` unbounded, `chunked_prefill_size` the config's,
+        `new_token_ratio` 1; the running batch only under `config.admission` 'reserve'
+        (the 'pages' rule does not reserve its output)."""
         from sglang.srt.managers.schedule_policy import PrefillAdder
-        return PrefillAdder(self.P, self.cache, self.alloc, None, 1.0, 1 << 30,
+        return PrefillAdder(self.P, self.cache, self.alloc, running, 1.0, 1 << 30,
                             self.cfg.chunk_size)
 
     def _add_one_req(self, adder, L, kv, refused: bool):

@@ -236,13 +236,18 @@ def config_refusal(cfg: Config, api: str | None, version: str) -> str | None:
         return (f"config.enable_priority_scheduling: sglang {version}'s preempt_to_schedule "
                 "sizes the request by its last round's extend_input_len, where 0.5.15+, which "
                 "the spec follows, reads its fill ids less its last match")
-    if cfg.enable_priority_scheduling and version and \
+    if (cfg.enable_priority_scheduling or cfg.admission != "pages") and version and \
             cfg.filter_before_prefill != hybrid.filters_before_prefill(version):
         rule = hybrid.filters_before_prefill(version)
         return (f"config.filter_before_prefill is {cfg.filter_before_prefill} but sglang "
                 f"{version} {'filters' if rule else 'does not filter'} the finished requests "
                 "out of the running batch before each prefill round (0.5.23+ does); run this "
                 f"trace with filter_before_prefill={rule}")
+    if cfg.admission != "pages" and version and cfg.admission != hybrid.admission_rule(version):
+        return (f"config.admission is {cfg.admission!r} but sglang {version}'s prefill round is "
+                f"{hybrid.admission_rule(version)!r} (0.5.23 adds back the rows the round's "
+                "requests hold and checks the budget before each match); run this trace with "
+                f"admission={hybrid.admission_rule(version)!r} or 'pages'")
     return hybrid.refusal(cfg, api, version)
 
 

@@ -16,7 +16,8 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
                 hybrid_kinds: tuple = (), tree_off: bool = True,
                 evict_shortfall: Optional[bool] = None,
                 priority: Optional[bool] = None,
-                filter_before_prefill: Optional[bool] = None) -> Config:
+                filter_before_prefill: Optional[bool] = None,
+                admission: Optional[str] = None) -> Config:
     """Small pools (so they fill up), page sizes 1/2/4, chunking, flags and era;
     `accept`: the recorded findings whose upstream behaviour the spec takes; `hybrid`:
     SWA / Mamba pools always (True), never (False), or one config in three (either era),
@@ -26,7 +27,7 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
     the wrapper era's eviction rule, drawn when None (`draw_evict_shortfall`);
     `priority`: priority scheduling always (True), never (False) or drawn
     (`draw_priority_scheduling`), with `filter_before_prefill` given (a release's rule) or
-    drawn."""
+    drawn; `admission`: the upstream admission rule drawn (`draw_admission`; None: either)."""
     P = d.choice(page_sizes, "page_size")
     if spec_enabled is None:
         spec_enabled = boolean(d, "spec_enabled")
@@ -37,16 +38,43 @@ def draw_config(d: Drawer, page_sizes=(1, 2, 4), spec_enabled: Optional[bool] = 
             cfg = draw_mamba_tree_in(d, cfg, era_drawn=era is None)
     cfg = draw_tree_off(d, cfg) if tree_off else cfg
     cfg = draw_evict_shortfall(d, cfg, evict_shortfall)
-    if priority is False:
+    if priority is not False:
+        cfg = draw_priority_scheduling(d, cfg, priority, filter_before_prefill)
+    return draw_admission(d, cfg, admission, filter_before_prefill)
+
+
+ADMISSION_ONE_IN = 3
+
+
+def draw_admission(d: Drawer, cfg: Config, rule: Optional[str] = None,
+                   filter_before_prefill: Optional[bool] = None) -> Config:
+    """Upstream's own PrefillAdder admission (`Config.admission`: 'reserve', or 0.5.23's
+    'reserve-held-rows'; `rule` a release's, else drawn) on a non-hybrid cfg with the tree
+    on, one time in ADMISSION_ONE_IN, with a chunk budget that is sometimes not a page
+    multiple (what a cut chunk leaves of it then lets the round go on), and 0.5.23's filter
+    of the running batch before each round (`filter_before_prefill` given, a release's rule,
+    or drawn, as under priority scheduling); drawn last, so the rest of the config draws as
+    before."""
+    from dataclasses import replace
+    if cfg.hybrid or cfg.disable_radix_cache or not one_in(d, ADMISSION_ONE_IN, "admission"):
         return cfg
-    return draw_priority_scheduling(d, cfg, priority, filter_before_prefill)
+    rule = rule or d.choice(("reserve", "reserve-held-rows"), "admission_rule")
+    chunk = cfg.chunk_size
+    if chunk is not None and cfg.page_size > 1:
+        chunk += d.integer(0, cfg.page_size - 1, "chunk_slack")
+    if not cfg.enable_priority_scheduling:
+        filter_before_prefill = boolean(d, "filter_before_prefill") \
+            if filter_before_prefill is None else filter_before_prefill
+        cfg = replace(cfg, filter_before_prefill=filter_before_prefill)
+    return replace(cfg, admission=rule, chunk_size=chunk)
 
 
 PRIORITY_ONE_IN = 3
 
 
 def draw_priority_scheduling(d: Drawer, cfg: Config, always: Optional[bool] = None,
-                             filter_before_prefill: Optional[bool] = None) -> Config:
+                             filter_before_prefill: Optional[bool] = None,
+                admission: Optional[str] = None) -> Config:
     """`--enable-priority-scheduling` (preemption) on a non-hybrid cfg, one time in
     PRIORITY_ONE_IN, with or without 0.5.23's filter of the running batch before each
     prefill round, and with 1 to 3 rows (a round preempts only when the rows are spent);
