@@ -332,7 +332,7 @@ def test_the_scheduler_takes_only_the_admissions_it_implements():
     assert Scheduler(admission="reserve-held-rows").admission == "reserve-held-rows"
 
 
-SWEEP = 200
+SWEEP = 80
 
 
 @every
