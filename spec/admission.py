@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from kvcheck.spec import mamba_pool, mamba_tree, swa_pool, swa_tree
 from kvcheck.spec.allocator import NO_ROW, available_size
-from kvcheck.spec.finish import (CLIP_MAX_NEW_TOKENS, _retract, enter_waiting_queue,
-                                 preemption_order, running_batch, running_offset,
-                                 update_running_batch)
+from kvcheck.spec.finish import (CLIP_MAX_NEW_TOKENS, _retract, counts_running_output,
+                                 enter_waiting_queue, preemption_order, running_batch,
+                                 running_offset, update_running_batch)
 from kvcheck.spec.forward import _checkpoint_chunk, _prepare_for_extend, _process_prefill_result
 from kvcheck.spec.pages import (ceil_align, chunk_end, pages_needed_extend, reserve_chunk_end,
                                 restore_prefix_len)
@@ -169,7 +169,7 @@ class _Budget:
         self.reserved = 0
         self.chunk = s.cfg.chunk_size
         self.offset = sum(s.unfiltered) + sum(map(running_offset, running_batch(s))) \
-            if s.cfg.enable_priority_scheduling or reserves(s) else 0
+            if counts_running_output(s) else 0
         self.current = 0
         self.preempted: list = []
 
@@ -200,19 +200,18 @@ class _Budget:
     def charge(self, s: State, req: Req, prefix: int, end: int) -> None:
         """`_update_prefill_budget`: the page-ceiled extend from the chunk and KV budgets."""
         P = s.cfg.page_size
-        need = _new_tokens_needed(s, prefix, end)
-        self.reserved += need
+        extend = ceil_align(end - prefix, P)
+        self.reserved += _new_tokens_needed(s, prefix, end)
         self.admitted += 1
         if req.row is None:
             self.rows -= 1
             self.new_rows += 1
         if self.chunk is not None:
-            self.chunk -= ceil_align(end - prefix, P)
-        if s.cfg.enable_priority_scheduling or reserves(s):   # PrefillBudget.reserve: the
-            self.offset += ceil_align(end - prefix, P) + P + \
+            self.chunk -= extend
+        if counts_running_output(s):    # PrefillBudget.reserve: the page-ceiled extend and
+            self.current += extend + P  # a page, and to the total max_new_tokens unless cut
+            self.offset += extend + P + \
                 (min(req.max_new_tokens, CLIP_MAX_NEW_TOKENS) if end == req.seqlen else 0)
-            self.current += ceil_align(end - prefix, P) + P   # page-ceiled extend, a page,
-                                                              # and max_new_tokens
 
 
 def reserves(s: State) -> bool:

@@ -34,6 +34,12 @@ def preempted(before: State, op, after: State) -> list:
             if r.rid in after.reqs and dict.__getitem__(after.reqs, r.rid).phase == "queued"]
 
 
+def counts_running_output(s: State) -> bool:
+    """Whether a round's PrefillAdder reads the running batch's remaining output: under
+    priority scheduling (preemption) and under `config.admission` 'reserve' (admission)."""
+    return s.cfg.enable_priority_scheduling or s.cfg.admission != "pages"
+
+
 def running_offset(r: Req) -> int:
     """`PrefillAdder._get_running_request_total_token_offset`: the output a running
     request may still produce (the estimate's `new_token_ratio` taken as 1)."""
@@ -115,7 +121,7 @@ def _stays_in_batch(s: State, req: Req, decoding: bool) -> None:
     release, as the next round reads it: a streaming turn's `_trim_overshoot` has cut its
     output at `finished_len` (a plain request's speculative overshoot stays, and counts
     below zero)."""
-    if (s.cfg.enable_priority_scheduling or s.cfg.admission != "pages") and decoding:
+    if counts_running_output(s) and decoding:
         s.unfiltered = tuple(sorted(s.unfiltered + (running_offset(req),)))
 
 

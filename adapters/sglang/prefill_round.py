@@ -166,7 +166,7 @@ class PrefillRound:
         before = len(adder.preempt_list)
         args = (get_global_server_args(),) if self.api == "flat" else ()
         ok = adder.preempt_to_schedule(L.req, *args)
-        by_req = {id(x.req): x for x in running.lives + list(self.live.values())}
+        by_req = {id(x.req): x for x in running.lives}
         preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
         return ok
 
