@@ -33,9 +33,21 @@ from kvcheck.errors import ROOT
 
 DOC = ROOT / "docs" / "coverage.md"
 MUTANTS = ROOT / "mutants"
-NO_MATCH = "kvcheck.impl.kvcheck_no_such_function*"
-"""A name no mutant has: `mutmut run` with it generates every mutant and collects the
-per-test stats without testing any mutant (the sample is drawn from what it made)."""
+GENERATE = """
+from mutmut.__main__ import (CatchOutput, copy_also_copy_files, copy_src_dir, create_mutants,
+                             set_mutant_under_test, setup_source_paths)
+import os
+set_mutant_under_test("mutant_generation")
+os.makedirs("mutants", exist_ok=True)
+with CatchOutput(spinner_title="Generating mutants"):
+    copy_src_dir(); copy_also_copy_files(); setup_source_paths()
+    create_mutants(os.cpu_count() or 1)
+"""
+"""The mutants generated, nothing run: the first steps of `mutmut run` (mutmut 3.8's
+`_run`), so that the sample is drawn from what it made before `mutmut run NAMES` collects
+its per-test stats and runs the clean tests once (`mutmut run` with a name that matches
+no mutant generates them too, but runs every test twice on the way, once for the stats
+and once clean, and the run of the sample then runs the clean tests again)."""
 RUN_RECORD = MUTANTS / "kvcheck-run.json"
 """The --examples and the oracle the results in mutants/ were judged with (a result under
 another count or another oracle is run again)."""
@@ -132,6 +144,11 @@ def _mutmut(*names, env=None) -> int:
     return subprocess.run(cmd, cwd=ROOT, env=env).returncode
 
 
+def _generate(env=None) -> int:
+    print("$ mutmut: generate the mutants (nothing run)", flush=True)
+    return subprocess.run([sys.executable, "-c", GENERATE], cwd=ROOT, env=env).returncode
+
+
 def to_run(names, results: dict, reuse: bool) -> list:
     """The names still to run: those without a verdict, or all of them without reuse."""
     return [k for k in names if not reuse or results.get(k, "not checked") in PENDING]
@@ -176,7 +193,9 @@ def run(n_sample=None, seed: int = 0, examples: int = 60, fresh: bool = False) -
     env = dict(os.environ, KVCHECK_MUTATION_EXAMPLES=str(examples))
     env.pop("PYTHONPATH", None)     # mutmut puts mutants/ first; the project must not shadow it
     reuse = not fresh and _reusable(examples)
-    _mutmut(NO_MATCH, env=env)      # (re)generate the mutants; judges none
+    if _generate(env=env):          # (re)generate the mutants; judges none
+        raise SystemExit("python -m kvcheck.mutation: error: mutmut could not generate "
+                         "the mutants (its output is above)")
     RUN_RECORD.write_text(json.dumps(_record(examples)))
     results = mutant_results()
     names = sorted(results) if n_sample is None else sample(results, n_sample, seed)

@@ -22,7 +22,7 @@ from typing import Callable, Optional
 from kvcheck.spec import mamba_tree, ops as O
 from kvcheck.spec.admission import _schedule, _schedule_round, resolve_logprob_start
 from kvcheck.spec.finish import (_abort_queued, _abort_running, _entered, _finish, _pre_abort,
-                                 _retract, enter_waiting_queue)
+                                 _retract, calc_priority_order, enter_waiting_queue)
 from kvcheck.spec.forward import _decode, _decode_round, _prefill_chunk, _spec_decode
 from kvcheck.spec.guards import (_context_refusal, _new_request_refusal, _output_refusal,
                                  _phase_refusal, _sid_in_use, refused)
@@ -201,7 +201,24 @@ def _schedule_round_check(s: State, op: O.ScheduleRound) -> Optional[str]:
             why = _phase_refusal(req, ("queued",)) or mamba_tree.cow_refusal(s, req)
         if why:
             return why
-    return None
+    return _policy_order_refusal(s, op.rids)
+
+
+def _policy_order_refusal(s: State, rids) -> Optional[str]:
+    """Under priority scheduling `calc_priority` sorts the waiting queue before the round
+    (`calc_priority_order`), so the waiting requests a round names come in that order;
+    otherwise the order is the policy's, which kvcheck leaves open (FCFS keeps the queue's,
+    the cache-aware policies sort by their matches)."""
+    if not s.cfg.enable_priority_scheduling:
+        return None
+    waiting = [s.reqs[r] for r in rids if s.reqs[r].phase == "queued"]
+    order = calc_priority_order(waiting)
+    if order == waiting:
+        return None
+    first, second = next((a, b) for a, b in zip(order, waiting) if a is not b)
+    return (f"under priority scheduling calc_priority puts request {first.rid} (priority "
+            f"{first.priority}, entry {first.entered}) before request {second.rid} (priority "
+            f"{second.priority}, entry {second.entered})")
 
 
 def _schedule_round_effect(s: State, op: O.ScheduleRound) -> str:

@@ -52,6 +52,13 @@ def preemption_order(reqs: list) -> list:
     return sorted(reqs, key=lambda r: (r.priority, -r.entered))
 
 
+def calc_priority_order(reqs: list) -> list:
+    """`SchedulePolicy.calc_priority` under priority scheduling with the FCFS policy
+    (`_sort_by_priority_and_fcfs`, `schedule_low_priority_values_first` off): the highest
+    priority first, then the earliest to have entered the waiting queue."""
+    return sorted(reqs, key=lambda r: (-r.priority, r.entered))
+
+
 def _entered(s: State, req: Req, priority: int) -> None:
     """A new request reaches `_add_request_to_queue`: its priority, then its entry."""
     req.priority = priority

@@ -22,7 +22,7 @@ from typing import Optional
 from kvcheck.spec import mamba_pool, mamba_tree, ops as O, swa_tree
 from kvcheck.spec.admission import _add_one_req, _Budget
 from kvcheck.spec.allocator import available_size
-from kvcheck.spec.finish import retraction_order
+from kvcheck.spec.finish import calc_priority_order, retraction_order
 from kvcheck.spec.actions import enabled
 from kvcheck.spec.pages import ceil_align, ceil_div
 from kvcheck.spec.state import State
@@ -71,8 +71,8 @@ def drain_op(s: State, last: Optional[O.Op] = None, stalled: int = 0) -> Optiona
     if not reqs:
         return next((O.CloseSession(sid) for sid in s.sessions), None)
     queued = [r for r in reqs if r.phase == "queued"]
-    if s.cfg.enable_priority_scheduling:    # `_sort_by_priority_and_fcfs`
-        queued.sort(key=lambda r: (-r.priority, r.entered))
+    if s.cfg.enable_priority_scheduling:
+        queued = calc_priority_order(queued)
     waiting = [r.rid for r in reqs if r.phase == "prefill"] + [r.rid for r in queued]
     decoding = [r for r in reqs if r.phase == "decode"]
     if stalled >= (2 if waiting and decoding else 1):

@@ -66,23 +66,24 @@ def test_run_reuses_verdicts_only_for_the_same_examples_and_oracle(monkeypatch, 
     calls, verdicts = [], {"a": "killed", "b": "not checked", "c": "survived"}
     monkeypatch.setattr(M, "RUN_RECORD", tmp_path / "kvcheck-run.json")
     monkeypatch.setattr(M, "_mutmut", lambda *names, env=None: calls.append(names))
+    monkeypatch.setattr(M, "_generate", lambda env=None: calls.append(("generate",)) or 0)
     monkeypatch.setattr(M, "mutant_results", lambda: dict(verdicts))
     monkeypatch.setattr(M, "equivalent_mutants", lambda: set())
     s = M.run(None, examples=60)                        # no record yet: every mutant
-    assert calls == [(M.NO_MATCH,), ("a", "b", "c")] and s.results == verdicts
+    assert calls == [("generate",), ("a", "b", "c")] and s.results == verdicts
     calls.clear()
     M.run(None, examples=60)                            # same examples: only "b"
-    assert calls == [(M.NO_MATCH,), ("b",)]
+    assert calls == [("generate",), ("b",)]
     calls.clear()
     M.run(2, seed=0, examples=30)                       # other examples: both sampled
     assert calls[1] == tuple(sample(verdicts, 2, 0))
     calls.clear()
     M.run(None, examples=30)                            # same examples and oracle: only "b"
-    assert calls == [(M.NO_MATCH,), ("b",)]
+    assert calls == [("generate",), ("b",)]
     calls.clear()
     monkeypatch.setattr(M, "oracle_fingerprint", lambda: "a new corpus trace")
     M.run(None, examples=30)                            # another oracle: every mutant again
-    assert calls == [(M.NO_MATCH,), ("a", "b", "c")]
+    assert calls == [("generate",), ("a", "b", "c")]
 
 
 def test_the_oracle_fingerprint_moves_with_a_corpus_trace(monkeypatch, tmp_path):
@@ -115,10 +116,11 @@ def test_run_does_not_run_the_mutants_judged_equivalent(monkeypatch, tmp_path, c
     calls, verdicts = [], {"a": "not checked", "b": "not checked", "c": "not checked"}
     monkeypatch.setattr(M, "RUN_RECORD", tmp_path / "kvcheck-run.json")
     monkeypatch.setattr(M, "_mutmut", lambda *names, env=None: calls.append(names))
+    monkeypatch.setattr(M, "_generate", lambda env=None: calls.append(("generate",)) or 0)
     monkeypatch.setattr(M, "mutant_results", lambda: dict(verdicts))
     monkeypatch.setattr(M, "equivalent_mutants", lambda: {"b"})
     s = M.run(None, examples=60)
-    assert calls == [(M.NO_MATCH,), ("a", "c")]
+    assert calls == [("generate",), ("a", "c")]
     assert "3 mutant(s): 1 judged equivalent (docs/coverage.md, not run), 0 judged before " \
            "(reused), 2 to run" in capsys.readouterr().out
     assert s.equivalent == {"b"} and "b" not in s.judged

@@ -52,7 +52,7 @@ def test_preset_is_0_5_15s_without_swa():
     names = [sc.name for sc in E.PRESETS["check-sglang-0.5.14"]]
     assert names == [sc.name for sc in E.PRESETS["check-sglang-0.5.15"]
                      if sc.name not in ("sglang-swa", "sglang-priority", "sglang-priority-finish",
-                                        "sglang-priority-turn")]
+                                        "sglang-priority-turn", "sglang-priority-round")]
     assert all(release_refusal(sc.cfg, "sglang:0.5.14") is None
                for sc in E.PRESETS["check-sglang-0.5.14"])
     assert RELEASES["0.5.14"] == tuple(f for f in RELEASES["0.5.15"] if f != "U9")

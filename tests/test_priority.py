@@ -46,7 +46,7 @@ def test_a_higher_priority_request_preempts_the_latest_entered_of_the_lowest():
 
 def test_the_lowest_priority_goes_before_a_later_entry():
     ops = [O.SubmitRequest(1, (1, 2, 3), 8), O.SubmitRequest(2, (4, 5, 6), 8, priority=5),
-           O.ScheduleRound((1, 2)), O.SubmitRequest(3, (7, 8), 2, priority=30), O.Schedule(3)]
+           O.ScheduleRound((2, 1)), O.SubmitRequest(3, (7, 8), 2, priority=30), O.Schedule(3)]
     s, _ = run(PRIO, ops)
     assert phases(s) == {1: "queued", 2: "decode", 3: "decode"}
 
@@ -156,3 +156,19 @@ def test_the_drain_takes_the_queue_by_priority_then_entry():
     s, _ = run(PRIO, [O.SubmitRequest(1, (1,), 1), O.SubmitRequest(2, (2,), 1, priority=5),
                       O.SubmitRequest(3, (3,), 1, priority=5)])
     assert drain_op(s) == O.ScheduleRound((2, 3, 1))
+
+
+def test_a_round_names_the_waiting_requests_in_calc_priority_order():
+    """`calc_priority` sorts the waiting queue by priority, then entry, before the round:
+    a round naming them otherwise is refused, with the pair it puts the other way."""
+    ops = [O.SubmitRequest(1, (1, 2, 3), 8), O.SubmitRequest(2, (4, 5, 6), 8, priority=5),
+           O.SubmitRequest(3, (7, 8), 8, priority=5)]
+    s, _ = run(PRIO, ops)
+    assert M.refusal(s, O.ScheduleRound((1, 2))) == (
+        "under priority scheduling calc_priority puts request 2 (priority 5, entry 2) before "
+        "request 1 (priority 0, entry 1)")
+    assert "puts request 2" in M.refusal(s, O.ScheduleRound((3, 2)))    # a tie: entry order
+    assert M.enabled(s, O.ScheduleRound((2, 3, 1))) and M.enabled(s, O.ScheduleRound((3, 1)))
+    fcfs = [O.SubmitRequest(rid, (rid, 9), 8) for rid in (1, 2, 3)]
+    assert M.enabled(run(Config(page_size=1, num_pages=32, num_rows=2), fcfs)[0],
+                     O.ScheduleRound((3, 1, 2)))     # FCFS alone: the order is left open

@@ -59,7 +59,9 @@ CAUGHT = [("0.5.15", "close_keeps_tree_lock", "I13", 3, "sglang-tiny"),
           # upstream's own admission (config.admission): the running batch's reservation,
           # the strict memory test
           ("0.5.15", "running_output_unreserved", "D2", 6, "sglang-reserve"),
-          ("0.5.23", "admission_not_strict", "D2", 6, "sglang-reserve")]
+          ("0.5.23", "admission_not_strict", "D2", 6, "sglang-reserve"),
+          # upstream's own calc_priority: the round's order under priority scheduling
+          ("0.5.15", "calc_priority_ignores_priority", "D1", 2, "sglang-priority-round")]
 
 
 @pytest.mark.parametrize("version,fault,inv,step,scope",

@@ -38,7 +38,8 @@ from kvcheck.adapters.sglang.faults_round import (_round_charge_leak, _admission
                                                   _retract_keeps_least_preferred,
                                                   _decode_mem_one_page, _extend_rows_swapped,
                                                   _preempt_takes_finished, _preempt_oldest_first,
-                                                  _running_output_unreserved, _admission_not_strict)
+                                                  _running_output_unreserved, _admission_not_strict,
+                                                  _calc_priority_ignores_priority)
 from kvcheck.adapters.sglang.faults_session import (_free_tail_noop, _preabort_restores_slot,
                                                     _free_kv_aligned_floor, _trim_overshoot_noop,
                                                     _finish_keeps_req_row, _close_keeps_tree_lock,
@@ -189,6 +190,11 @@ FAULTS: dict[str, Fault] = {f.name: f for f in (
           "0.5.15 add_one_req's total_tokens >= rem_total_tokens -> NO_TOKEN; 0.5.23 "
           "PrefillBudget.check_prefill's total_tokens < remaining_total",
           _admission_not_strict),
+    Fault("calc_priority_ignores_priority", BOTH,
+          "calc_priority sorts the waiting queue by entry alone: a round under priority "
+          "scheduling considers an earlier low-priority request first",
+          "_sort_by_priority_and_fcfs's key (priority * priority_sign, "
+          "wait_queue_entry_time)", _calc_priority_ignores_priority),
     Fault("extend_rows_swapped", BOTH,
           "alloc_for_extend gets the batch's rows in reverse order: each request's KV "
           "indices are written into another request's row",

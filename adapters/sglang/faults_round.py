@@ -182,3 +182,14 @@ def _admission_not_strict(version: str) -> None:
                 setattr(budget, field, getattr(budget, field) + 1)
         return add_one_req
     _patch(POLICY, "PrefillAdder", "add_one_req", make)
+
+
+def _calc_priority_ignores_priority(version: str) -> None:
+    # Under priority scheduling calc_priority sorts the waiting queue by priority, then
+    # entry (`_sort_by_priority_and_fcfs`, key `(priority * priority_sign,
+    # wait_queue_entry_time)`). Call it with a sign of 0: the queue keeps its entry order.
+    def make(orig):
+        def _sort_by_priority_and_fcfs(waiting_queue, priority_sign):
+            return orig(waiting_queue, 0)
+        return staticmethod(_sort_by_priority_and_fcfs)
+    _patch(POLICY, "SchedulePolicy", "_sort_by_priority_and_fcfs", make)

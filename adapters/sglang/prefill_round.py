@@ -67,6 +67,7 @@ class PrefillRound:
         session hooks, and its result is processed request by request."""
         if self.cfg.filter_before_prefill:
             self._filter_batch()
+        rids = self._calc_priority(rids)
         if self.cfg.admission != "pages":
             return self._upstream_round(rids, limit)
         adder = self._prefill_adder()
@@ -89,6 +90,25 @@ class PrefillRound:
             if item is not None:
                 batch.append(item)
         return self._run_round(rids, batch, preempted)
+
+    def _calc_priority(self, rids: list) -> list:
+        """Upstream's own `SchedulePolicy.calc_priority` (the server's default policy,
+        "fcfs") over the waiting requests the round names, their queue entries the
+        adapter's clock: under priority scheduling it sorts them by priority, then entry;
+        otherwise it leaves their order be. The chunked request, not in the waiting
+        queue, stays first. The round runs in the order it returns, so a spec that
+        ordered them otherwise diverges."""
+        from sglang.srt.managers.schedule_policy import SchedulePolicy
+        policy = SchedulePolicy("fcfs", self.cache, False, self.cfg.enable_priority_scheduling,
+                                False)
+        chunked = [rid for rid in rids if self.live[rid].phase == "prefill"]
+        queue = [self.live[rid] for rid in rids if self.live[rid].phase != "prefill"]
+        for L in queue:
+            L.req.time_stats.wait_queue_entry_time = float(L.entered)
+        reqs = [L.req for L in queue]
+        policy.calc_priority(reqs)
+        rid_of = {id(L.req): L.rid for L in queue}
+        return chunked + [rid_of[id(req)] for req in reqs]
 
     def _run_round(self, rids: list, batch: list, preempted: list) -> str:
         """The round's end: the preempted wait again, one `prepare_for_extend` allocates the
@@ -165,8 +185,8 @@ class PrefillRound:
         from sglang.srt.server_args import get_global_server_args
         before = len(adder.preempt_list)
         args = (get_global_server_args(),) if self.api == "flat" else ()
+        by_req = {id(x.req): x for x in running.lives}      # before filter_batch drops them
         ok = adder.preempt_to_schedule(L.req, *args)
-        by_req = {id(x.req): x for x in running.lives}
         preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
         return ok
 

@@ -123,6 +123,10 @@ def process_setup(page_size: int, spec_enabled: bool) -> dict:
         # look-ahead eviction the spec's decode round does not model (README.md, "What
         # the spec decides otherwise"): the releases run with it off
         os.environ["SGLANG_RETRACT_DECODE_STEPS"] = "0"
+        # 0.5.22+'s calc_priority touches every waiting request's prefix each 32nd round
+        # (`_touch_waiting_prefixes`: LRU times, node splits), which the spec does not
+        # model (README.md, "What the spec decides otherwise" 10): off
+        os.environ["SGLANG_ENABLE_WAITING_PREFIX_REFRESH"] = "0"
         try:
             import triton  # noqa: F401  (real triton present?)
             stub_triton = False

@@ -9,6 +9,7 @@ from kvcheck.engines.draw import TOKEN_RANGE, Drawer, draw_evict, draw_length, d
 from kvcheck.spec import ops as O
 from kvcheck.spec.actions import ACTIONS
 from kvcheck.spec.config import Config
+from kvcheck.spec.finish import calc_priority_order
 
 MAX_LIVE_REQS = 6
 MAX_SESSIONS = 2
@@ -143,7 +144,8 @@ def _schedule_round(c: Ctx, d: Drawer):
     """A prefill round: the chunked request first when one is in flight (the round
     continues it), then waiting requests in a drawn policy order (a turn beside its
     session's rejected stub, plain requests on shared prefixes), sometimes cut by the
-    round's other budgets. One request a round with SWA or Mamba pools."""
+    round's other budgets (under priority scheduling the drawn requests in
+    `calc_priority`'s order). One request a round with SWA or Mamba pools."""
     queued, chunked = c.rids("queued"), c.rids("prefill")
     if c.cfg.hybrid and chunked:
         return None
@@ -151,7 +153,10 @@ def _schedule_round(c: Ctx, d: Drawer):
     most = 1 if c.cfg.hybrid else len(queued)
     if not head and not queued:
         return None
-    rids = head + draw_order(d, queued, d.integer(0 if head else 1, most), "round_order")
+    drawn = draw_order(d, queued, d.integer(0 if head else 1, most), "round_order")
+    if c.cfg.enable_priority_scheduling:        # calc_priority sorts the queue first
+        drawn = [r.rid for r in calc_priority_order([c.state.reqs[rid] for rid in drawn])]
+    rids = head + drawn
     if not rids:
         return None
     limit = d.integer(0, len(rids), "limit") if one_in(d, 4, "round_limited") else None
