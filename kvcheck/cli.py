@@ -40,13 +40,34 @@ def cmd_coverage(args) -> int:
     return CV.cmd_coverage(args)
 
 
+def interrupt_in_destructor(unraisable) -> bool:
+    """Whether an exception Python could not raise (`sys.unraisablehook`) is a Ctrl-C that
+    landed in a destructor: z3's `AstRef.__del__`, run by the garbage collector in the
+    middle of a proof, where ctypes wraps it ("argument 1: KeyboardInterrupt")."""
+    e = unraisable.exc_value
+    return isinstance(e, KeyboardInterrupt) or "KeyboardInterrupt" in str(e)
+
+
+def _ctrl_c_reaches_main(unraisable, default=sys.unraisablehook) -> None:
+    """A Ctrl-C lost in a destructor goes to the main thread as a KeyboardInterrupt (the
+    run stops as on any other Ctrl-C), with no "Exception ignored" traceback; any other
+    unraisable exception is reported as Python reports it."""
+    if interrupt_in_destructor(unraisable):
+        import _thread
+        _thread.interrupt_main()
+    else:
+        default(unraisable)
+
+
 def cmd_prove(args) -> int:
     from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
+    default, sys.unraisablehook = sys.unraisablehook, _ctrl_c_reaches_main
     try:
         res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
                              cache=cache_at(None if args.no_cache else args.out),
                              time_limit=args.crosshair_time_limit)
+        sys.unraisablehook = default
     except proofs.ProofsInterrupted as e:
         # a z3 term the interrupt left half-built fails in its destructor at exit
         # ("'BoolRef' object has no attribute 'ctx'"): noise after the interrupt

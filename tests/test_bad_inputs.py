@@ -421,3 +421,26 @@ def test_what_an_interrupted_command_lists_as_written(tmp_path, monkeypatch):
     (tmp_path / ".kvcheck-cache" / "proofs.json").write_text("{}")
     assert files_written(tmp_path, "*.json") == [tmp_path / "new.json", tmp_path / "sub" / "deep.json"]
     assert files_written(tmp_path / "missing") == []
+
+
+def test_a_ctrl_c_lost_in_a_z3_destructor_reaches_the_main_thread_quietly(capsys):
+    """Ctrl-C can land in z3's `AstRef.__del__` (the garbage collector mid-proof), where
+    ctypes wraps it and Python would print "Exception ignored ... Traceback" and drop it:
+    `kvcheck prove`'s hook raises it in the main thread instead and prints nothing."""
+    import ctypes
+    import time
+    from types import SimpleNamespace
+    from kvcheck.cli import _ctrl_c_reaches_main, interrupt_in_destructor
+    lost = SimpleNamespace(exc_value=ctypes.ArgumentError("argument 1: KeyboardInterrupt: "),
+                           exc_type=ctypes.ArgumentError, exc_traceback=None, err_msg=None,
+                           object=None)
+    assert interrupt_in_destructor(lost)
+    assert not interrupt_in_destructor(SimpleNamespace(exc_value=AttributeError("ctx")))
+    with pytest.raises(KeyboardInterrupt):
+        _ctrl_c_reaches_main(lost)
+        for _ in range(100):
+            time.sleep(0.01)
+    assert capsys.readouterr().err == ""
+    seen = []
+    _ctrl_c_reaches_main(SimpleNamespace(exc_value=AttributeError("ctx")), default=seen.append)
+    assert len(seen) == 1
