@@ -181,3 +181,26 @@ def test_a_spent_chunk_ends_the_round_before_the_match_only_on_0_5_23():
 def test_the_rule_is_refused_with_the_hybrid_pools_and_a_disabled_tree(bad):
     with pytest.raises(ConfigError, match="config.admission"):
         replace(P1, **bad)
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_u10_a_request_a_speculative_step_took_past_its_max_new_tokens_reserves_less_than_nothing(
+        filtered):
+    """U10 (docs/upstream-findings.md): a streaming session holds 13 of the 31 usable
+    tokens; a plain request with max_new_tokens 2 accepts 5 tokens in one speculative step
+    (6 output tokens) and finishes, still in the running batch: -4 remaining output. A
+    20-token request against 19 free tokens then reserves 20 + 1 + 1 = 22 < 19 + 4, is
+    admitted, and its allocation fails (upstream's "out of memory" RuntimeError, where
+    the spec stops). Filtering the finished request out first (0.5.23) refuses it."""
+    trace = "u10-overshoot-reserve-prefill-oom-sglang-0.5.15.json"
+    from kvcheck.errors import ROOT
+    from kvcheck.trace import load
+    tr = load(ROOT / "stateful_tests" / "upstream" / trace)
+    cfg = replace(tr.config, filter_before_prefill=filtered)
+    s, _ = run(cfg, tr.ops[:-1])
+    assert tuple(s.unfiltered) == (-4,)        # the finished request, still in the batch
+    if filtered:
+        assert step(s, tr.ops[-1])[1] == "rejected"
+    else:
+        with pytest.raises(ModelError, match="Prefill out of memory"):
+            step(s, tr.ops[-1])

@@ -189,3 +189,25 @@ def test_upstream_admission_refuses_a_turn_whose_decode_headroom_does_not_fit():
     assert p.returncode == 0, p.stderr[-2000:]
     diffs = json.loads(p.stdout.strip().splitlines()[-1])
     assert [(d[0], d[2], d[3]) for d in diffs][:1] == [(2, [3], [])]
+
+
+@pytest.mark.parametrize("version", _releases())
+def test_u10_the_release_admits_past_its_memory_and_raises_where_the_spec_stops(version):
+    """U10 on the release (docs/upstream-findings.md): upstream's own PrefillAdder, built
+    over a running batch that still holds a request a speculative step took past its
+    max_new_tokens, admits a prefill the free KV cannot hold, and its own allocation
+    raises; 0.5.23 filters the finished request out before the round and refuses it."""
+    from kvcheck.adapters.sglang.proxy import make_backend
+    from kvcheck.trace import load
+    tr = load(ROOT / f"stateful_tests/upstream/u10-overshoot-reserve-prefill-oom-sglang-{version}.json")
+    b = make_backend(tr.config, version)
+    try:
+        for op in tr.ops[:-1]:
+            b.apply(op)
+        if version == "0.5.15":
+            with pytest.raises(RuntimeError, match="Out of memory"):
+                b.apply(tr.ops[-1])
+        else:
+            assert b.apply(tr.ops[-1]) == "rejected"
+    finally:
+        b.close()
