@@ -186,12 +186,13 @@ def test_the_rule_is_refused_with_the_hybrid_pools_and_a_disabled_tree(bad):
 @pytest.mark.parametrize("filtered", [False, True])
 def test_u10_a_request_a_speculative_step_took_past_its_max_new_tokens_reserves_less_than_nothing(
         filtered):
-    """U10 (docs/upstream-findings.md): a streaming session holds 13 of the 31 usable
+    """U10 (docs/upstream-findings.md): a streaming session holds 13 of the pool's 32
     tokens; a plain request with max_new_tokens 2 accepts 5 tokens in one speculative step
     (6 output tokens) and finishes, still in the running batch: -4 remaining output. A
-    20-token request against 19 free tokens then reserves 20 + 1 + 1 = 22 < 19 + 4, is
-    admitted, and its allocation fails (upstream's "out of memory" RuntimeError, where
-    the spec stops). Filtering the finished request out first (0.5.23) refuses it."""
+    20-token request against 19 free and evictable tokens then reserves 20 + 1 + 1 = 22
+    < 19 + 4, is admitted, and its allocation fails (upstream's "out of memory"
+    RuntimeError, where the spec stops). Filtering the finished request out first
+    (0.5.23) refuses it."""
     trace = "u10-overshoot-reserve-prefill-oom-sglang-0.5.15.json"
     from kvcheck.errors import ROOT
     from kvcheck.trace import load
