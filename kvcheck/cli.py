@@ -49,9 +49,9 @@ def interrupt_in_destructor(unraisable) -> bool:
 
 
 def _ctrl_c_reaches_main(unraisable, default=sys.unraisablehook) -> None:
-    """A Ctrl-C lost in a destructor goes to the main thread as a KeyboardInterrupt (the
-    run stops as on any other Ctrl-C), with no "Exception ignored" traceback; any other
-    unraisable exception is reported as Python reports it."""
+    """main()'s unraisable hook: a Ctrl-C lost in a destructor goes to the main thread as a
+    KeyboardInterrupt (the command stops as on any other Ctrl-C), with no "Exception
+    ignored" traceback; any other unraisable exception is reported as Python reports it."""
     if interrupt_in_destructor(unraisable):
         import _thread
         _thread.interrupt_main()
@@ -62,12 +62,10 @@ def _ctrl_c_reaches_main(unraisable, default=sys.unraisablehook) -> None:
 def cmd_prove(args) -> int:
     from kvcheck import proofs
     from kvcheck.proofs.cache import cache_at
-    default, sys.unraisablehook = sys.unraisablehook, _ctrl_c_reaches_main
     try:
         res = proofs.run_all(verbose=args.verbose, crosshair=not args.no_crosshair,
                              cache=cache_at(None if args.no_cache else args.out),
                              time_limit=args.crosshair_time_limit)
-        sys.unraisablehook = default
     except proofs.ProofsInterrupted as e:
         # a z3 term the interrupt left half-built fails in its destructor at exit
         # ("'BoolRef' object has no attribute 'ctx'"): noise after the interrupt
@@ -332,11 +330,14 @@ def main(argv=None) -> int:
     sigint = _Sigint()
     old = signal.getsignal(signal.SIGINT)
     sigint.install()
+    hook, sys.unraisablehook = sys.unraisablehook, _ctrl_c_reaches_main
     try:
         rc = _main(argv)
     finally:
         if signal.getsignal(signal.SIGINT) is sigint:
             signal.signal(signal.SIGINT, old)
+        if sys.unraisablehook is _ctrl_c_reaches_main:
+            sys.unraisablehook = hook
     if sigint.seen and rc != EXIT_INTERRUPTED:
         print("kvcheck: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

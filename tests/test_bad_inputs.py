@@ -426,7 +426,8 @@ def test_what_an_interrupted_command_lists_as_written(tmp_path, monkeypatch):
 def test_a_ctrl_c_lost_in_a_z3_destructor_reaches_the_main_thread_quietly(capsys):
     """Ctrl-C can land in z3's `AstRef.__del__` (the garbage collector mid-proof), where
     ctypes wraps it and Python would print "Exception ignored ... Traceback" and drop it:
-    `kvcheck prove`'s hook raises it in the main thread instead and prints nothing."""
+    kvcheck's hook (main() installs it for every command) raises it in the main thread
+    instead and prints nothing."""
     import ctypes
     import time
     from types import SimpleNamespace
