@@ -62,10 +62,10 @@ def config_kw(name: str, accept=(), spec_enabled=None) -> dict:
             kw["hybrid_kinds"] = tuple("swa-window-pages" if k == "swa-no-prefill-aware" else k
                                        for k in kw["hybrid_kinds"])
         kw["tree_off"] = False      # its disabled tree only where "mamba-no-radix" draws it
-        from kvcheck.adapters.sglang.hybrid import filters_before_prefill, release_tuple
+        from kvcheck.adapters.sglang.hybrid import (admission_rule, filters_before_prefill,
+                                                    release_tuple)
         kw["filter_before_prefill"] = filters_before_prefill(version)
         if version:
-            from kvcheck.adapters.sglang.hybrid import admission_rule
             kw["admission"] = admission_rule(version)
         if version and release_tuple(version) < (0, 5, 15):
             kw["priority"] = False      # refused there (release.config_refusal)

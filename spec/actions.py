@@ -111,11 +111,17 @@ def _close(s: State, op: O.CloseSession) -> str:
 
 # -- admission and the forward passes ---------------------------------------------------
 
+def _chunked_in_flight(s: State) -> Optional[int]:
+    """The chunked request (`Scheduler.chunked_req`): the one request whose prefill is
+    part done, or None."""
+    return next((r.rid for r in dict.values(s.reqs) if r.phase == "prefill"), None)
+
+
 def _schedule_check(s: State, op: O.Schedule, req: Req) -> Optional[str]:
     if s.cfg.admission != "pages":
-        chunked = [r.rid for r in dict.values(s.reqs) if r.phase == "prefill"]
-        if chunked:
-            return (f"request {chunked[0]} is the chunked request in flight: under "
+        chunked = _chunked_in_flight(s)
+        if chunked is not None:
+            return (f"request {chunked} is the chunked request in flight: under "
                     f"config.admission {s.cfg.admission!r} the round continues it first "
                     f"(schedule_round)")
     return mamba_tree.cow_refusal(s, req)
@@ -144,7 +150,7 @@ def _prefill_first(s: State) -> Optional[str]:
     lets the two interleave."""
     if s.cfg.admission == "pages":
         return None
-    chunked = next((r.rid for r in dict.values(s.reqs) if r.phase == "prefill"), None)
+    chunked = _chunked_in_flight(s)
     return None if chunked is None else \
         f"request {chunked} is the chunked request in flight: its prefill rounds come first"
 

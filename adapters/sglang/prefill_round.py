@@ -180,8 +180,9 @@ class PrefillRound:
         return len(adder.can_run_list) >= rows
 
     def _preempt(self, adder, running, L, preempted: list) -> bool:
-        """Upstream's own `preempt_to_schedule(req)` over the adder's running batch, which
-        it was built with: its victims wait again after the round."""
+        """Upstream's own `preempt_to_schedule(req)` over the adder's running batch
+        (`running`, a `_RunningBatch`): its victims, mapped back before its `filter_batch`
+        drops them, wait again after the round."""
         from sglang.srt.server_args import get_global_server_args
         before = len(adder.preempt_list)
         args = (get_global_server_args(),) if self.api == "flat" else ()
@@ -198,9 +199,7 @@ class PrefillRound:
         output, as the scheduler's adder does; afterwards the budget is as before less the
         victims' (upstream subtracts those itself). The victims wait again; the rows they
         freed count for the rest of the round (`get_num_allocatable_reqs`)."""
-        from sglang.srt.server_args import get_global_server_args
-        running = list(self.running)        # its victims leave self.running as released
-        batch = _RunningBatch(self, running)
+        batch = _RunningBatch(self, list(self.running))   # its victims leave self.running
         offsets = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
         budget, field = (adder.memory_budget, "total_offset") if hasattr(adder, "memory_budget") \
             else (adder, "rem_total_token_offset")
@@ -208,16 +207,13 @@ class PrefillRound:
         adder.running_batch = batch
         adder.priority_scheduling_preemption_threshold = \
             self.cfg.priority_scheduling_preemption_threshold   # the scheduler passes its flag
-        rows, before = self.pool.available_size(), len(adder.preempt_list)
-        args = (get_global_server_args(),) if self.api == "flat" else ()
+        rows = self.pool.available_size()
         try:
-            ok = adder.preempt_to_schedule(L.req, *args)
+            ok = self._preempt(adder, batch, L, preempted)
         finally:
             adder.running_batch = None
             left = sum(adder._get_running_request_total_token_offset(r) for r in batch.reqs)
             setattr(budget, field, getattr(budget, field) - left)
-        by_req = {id(x.req): x for x in running}
-        preempted += [by_req[id(req)] for req in adder.preempt_list[before:]]
         kv.rows += self.pool.available_size() - rows
         return ok
 

@@ -73,8 +73,7 @@ PRIORITY_ONE_IN = 3
 
 
 def draw_priority_scheduling(d: Drawer, cfg: Config, always: Optional[bool] = None,
-                             filter_before_prefill: Optional[bool] = None,
-                admission: Optional[str] = None) -> Config:
+                             filter_before_prefill: Optional[bool] = None) -> Config:
     """`--enable-priority-scheduling` (preemption) on a non-hybrid cfg, one time in
     PRIORITY_ONE_IN, with or without 0.5.23's filter of the running batch before each
     prefill round, and with 1 to 3 rows (a round preempts only when the rows are spent);
